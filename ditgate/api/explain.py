@@ -1,0 +1,74 @@
+"""``Plan.explain()``: the report as a table a person reads (rich, rendered to plain text)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from ..gate.verdict import NOT_ALLOWED, UNAVAILABLE
+from .report import PlanReport, SiteRecord
+
+
+def _bytes(n: int) -> str:
+    if n == 0:
+        return "0"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _verdict_cells(site: SiteRecord) -> tuple[str, str, str, str, str]:
+    if not site.verdicts:
+        return "-", "-", "-", "-", ""
+    parts = {"verdict": [], "ratio": [], "cos": [], "mem": [], "why": []}
+    for v in site.verdicts:
+        c = v.chosen if v.form else None
+        parts["verdict"].append(f"{v.form or 'host'} ({v.source})")
+        parts["ratio"].append(f"{c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}]" if c else "-")
+        parts["cos"].append(f"{c.cosine:.6f}" if c else "-")
+        parts["mem"].append(f"+{_bytes(c.peak_bytes)} peak / {_bytes(c.resident_bytes)} held" if c else "-")
+        # Refusals that hold for every site (form not available here, not allowed by the profile) are
+        # listed once under the table; the cell keeps what is particular to this site and shape.
+        local = [r.text() for r in v.refusals if r.kind not in (UNAVAILABLE, NOT_ALLOWED)]
+        parts["why"].append("; ".join(local) or v.note)
+    return tuple("\n".join(parts[k]) for k in ("verdict", "ratio", "cos", "mem", "why"))
+
+
+def explain(report: PlanReport, width: int = 220) -> str:
+    title = f"ditgate plan ({report.mode}" + (f", profile {report.profile['name']}" if report.profile else "") + ")"
+    table = Table(title=title, show_lines=bool(report.profile), expand=False)
+    for col in ("site", "role", "shape(s)", "serving", "calls", "fallbacks"):
+        table.add_column(col, overflow="fold")
+    if report.profile:
+        for col in ("verdict", "ratio [min-max]", "cosine", "memory", "reasons"):
+            table.add_column(col, overflow="fold")
+    for s in report.sites:
+        row = [s.name, s.role, "\n".join(s.shapes) or "(not called)", s.serving, str(s.calls),
+               str(sum(f.failures for f in s.failures))]
+        if report.profile:
+            row += list(_verdict_cells(s))
+        table.add_row(*row)
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    console.print(table)
+    lines = []
+    for w in report.whole_model:
+        lines.append(
+            f"whole-model check {w.model or '(model)'}: host {w.host_ms:.1f} ms, routed {w.routed_ms:.1f} ms, "
+            f"{w.ratio:.3f}x [{w.ratio_min:.3f}-{w.ratio_max:.3f}], output cosine {w.cosine:.6f}, "
+            f"PSNR {w.psnr_db:.1f} dB, {'passed' if w.passed else 'FAILED'} after {w.attempts} attempt(s): {w.note}"
+            + (f"; reverted {len(w.reverted)} route(s)" if w.reverted else "")
+        )
+    for sk in report.skipped:
+        lines.append(f"not intercepted: {sk.path}: {sk.reason}")
+    if report.profile:
+        allowed = set(report.order)
+        lines.append(f"candidates ({report.profile['name']}): {', '.join(report.order) or 'none'}; not allowed: "
+                     + (", ".join(f.name for f in report.forms if f.name not in allowed) or "none"))
+    unavailable = [f for f in report.forms if not f.available]
+    if unavailable:
+        lines.append("unavailable forms: " + "; ".join(f"{f.name} ({f.reason})" for f in unavailable))
+    return console.export_text() + ("\n".join(lines) + "\n" if lines else "")

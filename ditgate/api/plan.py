@@ -1,0 +1,346 @@
+"""``attach`` and ``Plan``: one verb that routes a model's attention, and the object that undoes it.
+
+``attach(pipe_or_model)`` finds every attention site of every denoiser, puts a routed clone of each
+processor in place (nothing process-wide is patched), and returns a ``Plan``. By default the plan
+measures: the first forward of each denoiser (or the caller's ``calibrate`` callable) calibrates every
+site on its real inputs while the host serves the calls, then a whole-model check confirms the routes.
+``measure=False`` skips measurement: the first usable form of the caller's ``forms`` (or of the
+documented exact priority) serves each call. ``plan.detach()`` puts back the original processor
+objects: the model is then exactly as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..forms import EXACT_PRIORITY, Form, Precision, check_form_names, create_forms, form_info
+from ..gate import (
+    GateChooser,
+    Profile,
+    Receipt,
+    ReceiptMismatchError,
+    Verdict,
+    WholeModelCheck,
+    environment,
+    load_receipt,
+    resolve_profile,
+    whole_model_check,
+)
+from ..gate.chooser import CALIBRATING, LIVE
+from ..gate.receipt import now
+from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
+from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from .explain import explain as render_explain
+from .report import PlanReport, SiteRecord, SkippedModule
+
+logger = logging.getLogger("ditgate")
+
+
+class AlreadyAttachedError(RuntimeError):
+    pass
+
+
+@dataclass
+class _Attached:
+    module: torch.nn.Module
+    original: object
+    routed: object
+    router: ModuleRouter
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _models_info(denoisers) -> dict:
+    return {name: {"class": type(m).__name__, "attention_modules": len(find_attention_modules(m))}
+            for name, m in denoisers}
+
+
+class Plan:
+    """The routes of one attach. Owns every piece of state ditgate holds for these models."""
+
+    def __init__(self, target: object, denoisers: list[tuple[str, torch.nn.Module]], forms: dict[str, Form],
+                 chooser, mode: str, profile: Profile | None, order: tuple[str, ...],
+                 on_route: Callable[[RouteEvent], None] | None) -> None:
+        self.target = target
+        self.denoisers = denoisers
+        self.forms = forms
+        self.chooser = chooser
+        self.mode = mode
+        self.profile = profile
+        self.order = order
+        self.context = RouterContext(forms=forms, chooser=chooser, observe=make_observer(on_route))
+        self._attached: list[_Attached] = []
+        self._skipped: list[SkippedModule] = []
+        self._hooks: list = []
+        self._whole: list[WholeModelCheck] = []
+        self._calibrated: set[str] = set()
+        self._captured: dict[str, tuple[tuple, dict]] = {}
+        self._checking = False
+        self._detached = False
+        self.device = _device_of(denoisers[0][1])
+
+    # --- attaching -----------------------------------------------------------------------------------
+    def _install(self) -> None:
+        for name, model in self.denoisers:
+            for found in find_attention_modules(model, prefix=name):
+                proc = found.module.processor
+                ip = plan_interception(proc)
+                if not ip.conventions:
+                    self._skipped.append(SkippedModule(found.path, ip.reason))
+                    logger.warning("ditgate: %s stays on the host path: %s", found.path, ip.reason)
+                    continue
+                router = ModuleRouter(self.context, found, proc, ip.conventions)
+                routed = routed_processor(proc, router.entries(), router.begin_invocation)
+                setattr(found.module, "processor", routed)
+                self._attached.append(_Attached(found.module, proc, routed, router))
+
+    def _prefix(self, name: str) -> str:
+        return f"{name}." if name else ""
+
+    def _install_live_calibration(self) -> None:
+        """Calibrate on each denoiser's first real forward, then run its whole-model check."""
+        for name, model in self.denoisers:
+            handles: list = []
+
+            def pre(module, args, kwargs, name=name):
+                if self._checking or name in self._calibrated:
+                    return None
+                self._captured[name] = (args, kwargs)
+                self.chooser.mode = CALIBRATING
+                return None
+
+            def post(module, args, kwargs, output, name=name, model=model, handles=handles):
+                if self._checking or name in self._calibrated:
+                    return None
+                self.chooser.mode = LIVE
+                self._finish_calibration(name, model)
+                for h in handles:
+                    h.remove()
+                return None
+
+            handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(model.register_forward_hook(post, with_kwargs=True))
+            self._hooks += handles
+
+    def _finish_calibration(self, name: str, model: torch.nn.Module) -> None:
+        self._calibrated.add(name)
+        captured = self._captured.pop(name, None)
+        if captured is None:
+            return
+        args, kwargs = captured
+        self._checking = True
+        self.context.tally = False
+        try:
+            check = whole_model_check(name, self._prefix(name), lambda: model_output(model(*args, **kwargs)),
+                                      self.chooser, _device_of(model))
+        finally:
+            self._checking = False
+            self.context.tally = True
+        self._whole.append(check)
+        self._release_losers()
+
+    def _release_losers(self) -> None:
+        chosen = {v.form for v in self.chooser.verdicts.values() if v.form}
+        for name, form in self.forms.items():
+            if name not in chosen:
+                form.release()
+
+    # --- public API ----------------------------------------------------------------------------------
+    def calibrate(self, fn: Callable[[], object]) -> Plan:
+        """Run ``fn`` (e.g. ``lambda: pipe(prompt, num_inference_steps=2)``) with every site calibrating.
+
+        The host serves every call while ``fn`` runs, so its results are the host's. Afterwards each
+        denoiser that ran gets its whole-model check on the inputs of its first forward.
+        """
+        if not isinstance(self.chooser, GateChooser):
+            raise RuntimeError("this plan does not measure (attach(..., measure=False)); nothing to calibrate")
+        self._require_attached()
+        capture_handles = []
+        for name, model in self.denoisers:
+            def pre(module, args, kwargs, name=name):
+                if not self._checking and name not in self._captured:
+                    self._captured[name] = (args, kwargs)
+
+            capture_handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+        self.chooser.mode = CALIBRATING
+        try:
+            fn()
+        finally:
+            self.chooser.mode = LIVE
+            for h in capture_handles:
+                h.remove()
+        for name, model in self.denoisers:
+            if name in self._captured:
+                self._finish_calibration(name, model)
+            else:
+                logger.warning("ditgate: the calibration callable never ran %s", name or "the model")
+        return self
+
+    def report(self) -> PlanReport:
+        sites = []
+        verdicts_by_site: dict[str, list[Verdict]] = {}
+        if isinstance(self.chooser, GateChooser):
+            for v in self.chooser.verdicts.values():
+                verdicts_by_site.setdefault(v.site, []).append(v)
+        for att in self._attached:
+            for index in sorted(att.router.sites):
+                s = att.router.sites[index]
+                counts = s.ledger.route_counts()
+                live = [c for c in counts if c.reason != "calibrating"]
+                serving = "-"
+                if live:
+                    top = max(live, key=lambda c: c.calls)
+                    serving = top.route
+                elif counts:
+                    serving = HOST
+                sites.append(SiteRecord(
+                    name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
+                    convention=s.convention.value, shapes=tuple(c.shapes_text() + f" {c.dtype}" for c in s.shapes.values()),
+                    calls=s.ledger.calls, serving=serving, routes=counts, failures=s.ledger.failure_counts(),
+                    verdicts=tuple(verdicts_by_site.get(s.name, ())),
+                ))
+        return PlanReport(
+            ditgate_version=__version__,
+            mode=self.mode,
+            profile=self.profile.to_dict() if self.profile else None,
+            order=self.order,
+            forms=tuple(form_info(f) for f in self.forms.values()),
+            sites=tuple(sites),
+            skipped=tuple(self._skipped),
+            whole_model=tuple(self._whole),
+            environment=environment(self.device),
+            detached=self._detached,
+        )
+
+    def explain(self) -> str:
+        return render_explain(self.report())
+
+    def receipt(self) -> Receipt:
+        if not isinstance(self.chooser, GateChooser):
+            raise RuntimeError("a plan made with measure=False has no verdicts; use plan.report().save(path)")
+        return Receipt(environment=environment(self.device), models=_models_info(self.denoisers),
+                       profile=self.profile, verdicts=tuple(self.chooser.verdicts.values()),
+                       whole_model=tuple(self._whole), created=now())
+
+    def save(self, path: str | Path) -> Path:
+        """Write the receipt (environment, profile, every verdict, content hash) to ``path``."""
+        return self.receipt().save(path)
+
+    def detach(self) -> None:
+        """Put every original processor back and drop all ditgate state. A second call does nothing."""
+        if self._detached:
+            return
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for att in self._attached:
+            if att.module.processor is att.routed:
+                setattr(att.module, "processor", att.original)
+            else:
+                logger.warning("ditgate: %s's processor was replaced after attach; leaving the new one in place",
+                               att.router.found.path)
+        for form in self.forms.values():
+            form.release()
+        self._captured.clear()
+        self._detached = True
+
+    @property
+    def attached(self) -> bool:
+        return not self._detached
+
+    def _require_attached(self) -> None:
+        if self._detached:
+            raise RuntimeError("this plan was detached")
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def __repr__(self) -> str:
+        state = "detached" if self._detached else "attached"
+        return f"<ditgate.Plan {state}, {self.mode}, {sum(len(a.router.sites) for a in self._attached)} sites>"
+
+
+def attach(
+    target: object,
+    *,
+    profile: str | Profile = "quality",
+    forms: Sequence[str] | None = None,
+    measure: bool = True,
+    calibrate: Callable[[], object] | None = None,
+    receipt: str | Path | None = None,
+    on_mismatch: str = "refuse",
+    min_speedup: float | None = None,
+    on_new_shape: str = "measure",
+    on_route: Callable[[RouteEvent], None] | None = None,
+    extra_forms: Sequence[Form] = (),
+) -> Plan:
+    """Route the attention of ``target`` (a diffusers pipeline or a model) through ditgate.
+
+    profile: "quality" (exact forms only, the default), "balanced", "speed", or a ``Profile``.
+    forms: candidate form names; outranks the profile's list (unknown names raise, listing the known).
+    measure: False for the static choice (first usable form of ``forms`` or of the exact priority).
+    calibrate: a callable run once, every site calibrating, before ``attach`` returns.
+    receipt: a saved receipt to re-apply without measuring; ``on_mismatch="measure"`` measures again
+        instead of refusing when the environment differs.
+    on_new_shape: "measure" (a shape first seen after calibration is measured on that call) or
+        "host" (served by the host with the reason "not calibrated").
+    """
+    if on_mismatch not in ("refuse", "measure"):
+        raise ValueError(f"on_mismatch must be 'refuse' or 'measure', not {on_mismatch!r}")
+    denoisers = denoisers_of(target)
+    for name, model in denoisers:
+        for found in find_attention_modules(model, prefix=name):
+            if is_routed(found.module.processor):
+                raise AlreadyAttachedError(
+                    f"{found.path} is already routed by a ditgate plan; detach that plan before attaching again")
+    extra_names = tuple(f.name for f in extra_forms)
+    all_forms = create_forms()
+    for f in extra_forms:
+        all_forms[f.name] = f
+    loaded: Receipt | None = None
+    if receipt is not None:
+        loaded = load_receipt(receipt)
+        diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers))
+        if diffs and on_mismatch == "refuse":
+            raise ReceiptMismatchError(diffs)
+        if diffs:
+            logger.warning("ditgate: receipt environment differs (%d differences); measuring again", len(diffs))
+            loaded = None
+    if not measure:
+        order = tuple(forms) if forms is not None else EXACT_PRIORITY
+        check_form_names(order, extra_names)
+        if forms is None:
+            order = tuple(n for n in order if all_forms[n].precision is Precision.EXACT)
+        chosen_forms = {n: all_forms[n] for n in order}
+        plan = Plan(target, denoisers, chosen_forms, StaticChooser(order), "static", None, order, on_route)
+        plan._install()
+        return plan
+    prof = loaded.profile if loaded is not None else resolve_profile(profile, forms, min_speedup, extra_names)
+    chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape)
+    plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
+                tuple(chooser.candidates()), on_route)
+    plan._install()
+    if loaded is not None:
+        for v in loaded.verdicts:
+            chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")
+        plan._whole = list(loaded.whole_model)
+        plan._calibrated = {name for name, _ in denoisers}
+    elif calibrate is not None:
+        plan.calibrate(calibrate)
+    else:
+        plan._install_live_calibration()
+    return plan

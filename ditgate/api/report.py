@@ -1,0 +1,64 @@
+"""The typed record of a plan: sites, routes, counts, fallbacks, verdicts (JSON-serialisable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..forms import FormInfo
+from ..gate import Verdict, WholeModelCheck
+from ..router import FailureCount, RouteCount
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    name: str
+    module: str
+    role: str
+    call_index: int
+    convention: str
+    shapes: tuple[str, ...]
+    calls: int
+    serving: str  # the route that served most calls (a form name, "host"), or "-" before any call
+    routes: tuple[RouteCount, ...]
+    failures: tuple[FailureCount, ...]
+    verdicts: tuple[Verdict, ...]
+
+
+@dataclass(frozen=True)
+class SkippedModule:
+    """An attention module ditgate found but could not intercept, with the reason."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    ditgate_version: str
+    mode: str  # "measured" | "static" | "receipt"
+    profile: dict | None
+    order: tuple[str, ...]  # static order, or the gate's candidates in precision-first order
+    forms: tuple[FormInfo, ...]
+    sites: tuple[SiteRecord, ...]
+    skipped: tuple[SkippedModule, ...]
+    whole_model: tuple[WholeModelCheck, ...]
+    environment: dict
+    detached: bool
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+    def routed_sites(self, form: str) -> list[SiteRecord]:
+        return [s for s in self.sites if s.serving == form]

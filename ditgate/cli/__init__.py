@@ -1,0 +1,1 @@
+"""The ``ditgate`` command line."""

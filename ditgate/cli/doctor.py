@@ -1,0 +1,41 @@
+"""``ditgate doctor``: every form, available or not, with the reason, on this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..forms import describe_forms
+from ..gate import environment
+
+
+def doctor(as_json: bool = False) -> int:
+    infos = describe_forms()
+    env = environment()
+    if as_json:
+        print(json.dumps({"environment": env, "forms": [dataclasses.asdict(i) for i in infos]}, indent=2,
+                         default=str))
+        return 0
+    console = Console()
+    where = env.get("gpu") or f"CPU ({env.get('cpu')})"
+    cap = f", capability {tuple(env['capability'])}" if env.get("capability") else ""
+    console.print(f"[bold]ditgate doctor[/bold]: {where}{cap}; torch {torch.__version__}, "
+                  f"diffusers {env['packages'].get('diffusers')}, triton {env['packages'].get('triton')}")
+    table = Table(show_lines=False)
+    for col in ("form", "precision", "available", "version", "reason / envelope"):
+        table.add_column(col, overflow="fold")
+    for i in infos:
+        e = i.envelope
+        envelope = (f"{','.join(e['devices'])}; {','.join(e['dtypes'])}; head dims {e['head_dims']}; "
+                    f"masks {','.join(e['masks'])}" + (f"; cc >= {e['min_capability']}" if e['min_capability'] else ""))
+        table.add_row(i.name, i.precision, "yes" if i.available else "no", i.version or "-",
+                      escape(envelope) if i.available else f"{escape(i.reason)}\n[dim]{escape(envelope)}[/dim]")
+    console.print(table)
+    n = sum(i.available for i in infos)
+    console.print(f"{n} of {len(infos)} forms available here.")
+    return 0

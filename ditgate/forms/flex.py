@@ -1,0 +1,65 @@
+"""torch flex_attention, compiled. Never the eager path.
+
+An eager flex_attention call materialises the whole score matrix (diffusers' own ``flex`` backend
+does this, 13x slower than native on LTX-Video). This form compiles once per plan with
+``fullgraph=True`` and turns a hit recompile limit into an error, so a call can only run compiled
+or raise (and a raise hands the call back to the host path, counted).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
+
+
+class FlexCompiled(Form):
+    spec = FormSpec(
+        name="flex",
+        precision=Precision.EXACT,
+        description="torch flex_attention compiled with inductor (fullgraph, no eager fallback)",
+        devices=frozenset({"cuda", "cpu"}),
+        dtypes=frozenset({"float16", "bfloat16", "float32"}),
+        mask_kinds=frozenset({MaskKind.NONE, MaskKind.BLOCK}),
+        head_dims=frozenset({16, 32, 64, 128, 256}),
+        causal=False,
+        package="torch",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._compiled = None
+
+    def _probe(self) -> Availability:
+        try:
+            from torch.nn.attention import flex_attention  # noqa: F401
+        except ImportError as exc:
+            return Availability(False, f"torch {torch.__version__} has no flex_attention ({exc})")
+        return Availability(True, "", torch.__version__)
+
+    def extra_reasons(self, call: AttentionCall) -> list[str]:
+        if call.device_type == "cpu" and call.dtype != "float32":
+            return [f"compiled flex on CPU serves float32 only, not {call.dtype}"]
+        return []
+
+    def _fn(self):
+        if self._compiled is None:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            self._compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+        return self._compiled
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        block_mask = inputs.attn_mask if inputs.attn_mask is not None else None
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return self._fn()(
+                inputs.query,
+                inputs.key,
+                inputs.value,
+                block_mask=block_mask,
+                scale=inputs.scale,
+                enable_gqa=inputs.query.shape[1] != inputs.key.shape[1],
+            )
+
+    def release(self) -> None:
+        self._compiled = None

@@ -1,0 +1,63 @@
+"""The form registry: which forms exist, in which default order, and how to make them per plan.
+
+The registry itself holds only classes (immutable); ``create_forms`` makes fresh instances so that
+whatever a form compiles or allocates belongs to one plan and goes away with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .base import Form, FormInfo, envelope_of
+from .fa4 import FlashAttn4
+from .flex import FlexCompiled
+from .sage import SageAttention
+from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
+
+# Exact forms in the documented static priority: fastest measured on Hopper first (DESIGN.md
+# anchors: flash-attn-4 > cuDNN > torch flash); flex is exact but compiles per shape, so it comes
+# after the kernels that need no compilation; math is the universal last resort.
+EXACT_PRIORITY: tuple[str, ...] = ("fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "sdpa_math")
+BOUNDED_PRIORITY: tuple[str, ...] = ("sage",)
+
+_FORM_CLASSES: dict[str, type[Form]] = {
+    cls.spec.name: cls
+    for cls in (FlashAttn4, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention)
+}
+
+
+class UnknownFormError(ValueError):
+    pass
+
+
+def known_form_names() -> tuple[str, ...]:
+    return EXACT_PRIORITY + BOUNDED_PRIORITY + tuple(
+        n for n in _FORM_CLASSES if n not in EXACT_PRIORITY + BOUNDED_PRIORITY
+    )
+
+
+def check_form_names(names: Iterable[str], extra: Iterable[str] = ()) -> tuple[str, ...]:
+    names = tuple(names)
+    known = set(known_form_names()) | set(extra)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UnknownFormError(
+            f"unknown form name(s) {unknown}; known forms: {', '.join(known_form_names() + tuple(extra))}"
+        )
+    return names
+
+
+def create_forms(names: Sequence[str] | None = None) -> dict[str, Form]:
+    """Fresh form instances, by name, in priority order (all known forms when ``names`` is None)."""
+    wanted = check_form_names(names) if names is not None else known_form_names()
+    return {name: _FORM_CLASSES[name]() for name in wanted}
+
+
+def form_info(form: Form) -> FormInfo:
+    avail = form.availability()
+    return FormInfo(name=form.name, precision=form.precision.value, available=avail.available, reason=avail.reason,
+                    version=avail.version, description=form.spec.description, envelope=envelope_of(form.spec))
+
+
+def describe_forms() -> list[FormInfo]:
+    return [form_info(f) for f in create_forms().values()]

@@ -1,0 +1,110 @@
+"""Receipts: the saved verdicts with the environment they were measured in, and a content hash.
+
+Loading a receipt re-applies its routes without measuring when the environment matches; when it does
+not, loading refuses with the differences (or, when asked, the sites are measured again).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .env import differences
+from .profiles import Profile
+from .verdict import Verdict, WholeModelCheck
+
+RECEIPT_VERSION = 1
+
+
+class ReceiptError(ValueError):
+    pass
+
+
+class ReceiptMismatchError(ReceiptError):
+    def __init__(self, diffs: list[str]) -> None:
+        self.differences = diffs
+        super().__init__("receipt was measured in another environment:\n  " + "\n  ".join(diffs)
+                         + "\n(attach(..., receipt=path, on_mismatch='measure') measures again)")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    environment: dict
+    models: dict  # component name -> {"class": ..., "sites": n}
+    profile: Profile
+    verdicts: tuple[Verdict, ...]
+    whole_model: tuple[WholeModelCheck, ...]
+    created: str
+
+    def payload(self) -> dict:
+        return {
+            "receipt_version": RECEIPT_VERSION,
+            "created": self.created,
+            "environment": self.environment,
+            "models": self.models,
+            "profile": self.profile.to_dict(),
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "whole_model": [w.__dict__ for w in self.whole_model],
+        }
+
+    def to_json(self) -> str:
+        payload = self.payload()
+        payload["sha256"] = content_hash(payload)
+        return json.dumps(payload, indent=2, sort_keys=True, default=_jsonable)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+    def check_environment(self, current_env: dict, current_models: dict) -> list[str]:
+        diffs = differences(self.environment, current_env)
+        for name, rec in self.models.items():
+            here = current_models.get(name)
+            if here != rec:
+                diffs.append(f"model {name or '(model)'}: receipt {rec}, here {here}")
+        for name in set(current_models) - set(self.models):
+            diffs.append(f"model {name or '(model)'}: not in the receipt")
+        return diffs
+
+
+def _jsonable(x):
+    if isinstance(x, float):
+        return x
+    if isinstance(x, (set, frozenset, tuple)):
+        return list(x)
+    return str(x)
+
+
+def content_hash(payload: dict) -> str:
+    body = {k: v for k, v in payload.items() if k != "sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_jsonable)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def load_receipt(path: str | Path) -> Receipt:
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReceiptError(f"cannot read receipt {path}: {exc}") from exc
+    if payload.get("receipt_version") != RECEIPT_VERSION:
+        raise ReceiptError(f"receipt {path} has version {payload.get('receipt_version')}, expected {RECEIPT_VERSION}")
+    # Hash over the JSON-normalised body (what was written), so floats and lists compare as saved.
+    if payload.get("sha256") != content_hash(payload):
+        raise ReceiptError(f"receipt {path} failed its content hash: it was changed after it was written")
+    return Receipt(
+        environment=payload["environment"],
+        models=payload["models"],
+        profile=Profile.from_dict(payload["profile"]),
+        verdicts=tuple(Verdict.from_dict(v) for v in payload["verdicts"]),
+        whole_model=tuple(WholeModelCheck(**{**w, "reverted": tuple(w["reverted"])}) for w in payload["whole_model"]),
+        created=payload["created"],
+    )

@@ -1,0 +1,78 @@
+"""Paired, interleaved timing of the host and a candidate on the same inputs.
+
+Each round times both, alternating which goes first, and the verdict uses the median of the per-round
+ratios (host / candidate) with its min and max: a ratio within the spread of its own rounds is noise.
+CUDA events on the GPU; ``time.perf_counter`` around synchronised calls elsewhere.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    ratio: float  # median over rounds of host_time / form_time; > 1 means the form is faster
+    ratio_min: float
+    ratio_max: float
+    host_ms: float  # medians
+    form_ms: float
+    rounds: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_once(fn: Callable[[], object], device: torch.device, reps: int = 1) -> float:
+    """Milliseconds for ``reps`` back-to-back calls of ``fn`` divided by ``reps``."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / reps
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def reps_for(fn: Callable[[], object], device: torch.device, target_ms: float) -> int:
+    """How many back-to-back calls make one timed sample of at least ``target_ms``."""
+    once = max(time_once(fn, device), 1e-3)
+    return max(1, min(1000, int(target_ms / once + 0.999)))
+
+
+def paired_timing(host: Callable[[], object], form: Callable[[], object], device: torch.device, rounds: int,
+                  target_ms: float = 1.0) -> Timing:
+    reps = max(reps_for(host, device, target_ms), reps_for(form, device, target_ms))
+    ratios, host_ms, form_ms = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            h = time_once(host, device, reps)
+            f = time_once(form, device, reps)
+        else:
+            f = time_once(form, device, reps)
+            h = time_once(host, device, reps)
+        host_ms.append(h)
+        form_ms.append(f)
+        ratios.append(h / max(f, 1e-9))
+    return Timing(
+        ratio=statistics.median(ratios),
+        ratio_min=min(ratios),
+        ratio_max=max(ratios),
+        host_ms=statistics.median(host_ms),
+        form_ms=statistics.median(form_ms),
+        rounds=rounds,
+    )

@@ -1,0 +1,76 @@
+"""The whole-model check: after every site settled, the model once more with the chosen routes.
+
+Per-site wins do not always add up (launch gaps, caches, a form that is faster alone but slows its
+neighbours), and per-call accuracy does not bound the error of the whole. So the denoiser runs again
+on the inputs of its calibration forward, host pass against routed pass, interleaved; if the whole is
+slower than the host or its output breaks the profile's floor, the routes with the smallest measured
+gain are taken back (half of the remaining routes per attempt, all of them on the last) until it passes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from .accuracy import compare
+from .chooser import HOST_PASS, LIVE, ROUTED_PASS, GateChooser
+from .timing import paired_timing
+from .verdict import WholeModelCheck
+
+logger = logging.getLogger("ditgate.gate")
+
+MAX_ATTEMPTS = 3
+
+
+def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor], chooser: GateChooser,
+                      device: torch.device) -> WholeModelCheck:
+    p = chooser.profile
+
+    def mine():
+        return [v for v in chooser.routed() if not prefix or v.site.startswith(prefix)]
+
+    def run(mode: str) -> torch.Tensor:
+        chooser.mode = mode
+        with torch.no_grad():
+            return forward()
+
+    reverted: list[str] = []
+    attempts = 0
+    why = ""
+    try:
+        while True:
+            attempts += 1
+            run(ROUTED_PASS)  # warm-up of the routed whole
+            host_out, routed_out = run(HOST_PASS), run(ROUTED_PASS)
+            acc = compare(routed_out, host_out)
+            del host_out, routed_out
+            timing = paired_timing(lambda: run(HOST_PASS), lambda: run(ROUTED_PASS), device, p.whole_rounds,
+                                   target_ms=0.0)
+            routes = mine()
+            floors_ok = acc.finite and acc.cosine >= p.min_output_cosine and (
+                p.min_output_psnr is None or acc.psnr_db >= p.min_output_psnr)
+            passed = floors_ok and (timing.ratio >= p.min_whole_ratio or not routes)
+            if passed or not routes:
+                if not routes:
+                    note = (f"every route reverted ({why})" if reverted
+                            else "no routes: the host serves every site")
+                else:
+                    note = f"passed after reverting {len(reverted)} route(s)" if reverted else "passed"
+                break
+            why = (f"whole model {timing.ratio:.3f}x, output cosine {acc.cosine:.6f} "
+                   f"(floor {p.min_output_cosine}), PSNR {acc.psnr_db:.1f} dB")
+            routes.sort(key=lambda v: v.chosen.ratio if v.chosen else 0.0)
+            take = routes if attempts >= MAX_ATTEMPTS else routes[: max(1, len(routes) // 2)]
+            for v in take:
+                chooser.revert(v, f"reverted by the whole-model check: {why}")
+                reverted.append(f"{v.site} @ {v.shape_key}")
+            logger.info("ditgate gate: %s: %s; reverted %d route(s)", name, why, len(take))
+    finally:
+        chooser.mode = LIVE
+    result = WholeModelCheck(name, timing.host_ms, timing.form_ms, timing.ratio, timing.ratio_min, timing.ratio_max,
+                             acc.cosine, acc.psnr_db, passed, attempts, tuple(reverted), note)
+    logger.info("ditgate gate: whole-model check %s: %.3fx, cosine %.6f, %s", name or "model", result.ratio,
+                result.cosine, note)
+    return result

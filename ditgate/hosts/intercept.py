@@ -1,0 +1,123 @@
+"""Intercepting the attention call of one processor, scoped to that processor alone.
+
+Nothing process-wide is patched. For each attention module, ditgate puts in place a *clone* of its
+processor whose ``__call__`` is the original code object re-bound to a private copy of its module's
+globals, in which ``dispatch_attention_fn`` (and ``F``, for processors that call
+``F.scaled_dot_product_attention`` directly) are this site's router entries. The host's projections,
+norms, rotary embeddings and output gates run unchanged; only the attention call itself is redirected.
+Detach puts the original processor object back, so the model is exactly as it was.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+class Convention(str, enum.Enum):
+    """How the host calls attention: diffusers' dispatcher (B, S, H, D) or torch SDPA (B, H, S, D)."""
+
+    DISPATCH = "dispatch_attention_fn"
+    SDPA = "F.scaled_dot_product_attention"
+
+
+@dataclass(frozen=True)
+class InterceptionPlan:
+    conventions: frozenset[Convention]
+    reason: str = ""  # why the processor cannot be intercepted, when conventions is empty
+
+
+def _call_function(processor: object):
+    fn = getattr(type(processor), "__call__", None)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _names_used(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions see the same (re-bound) globals
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def plan_interception(processor: object) -> InterceptionPlan:
+    if isinstance(processor, torch.nn.Module):
+        return InterceptionPlan(frozenset(), "processor holds weights (an nn.Module); left on the host path")
+    fn = _call_function(processor)
+    if fn is None:
+        return InterceptionPlan(frozenset(), f"{type(processor).__name__}.__call__ is not a Python function")
+    if not hasattr(processor, "__dict__"):
+        return InterceptionPlan(frozenset(), f"{type(processor).__name__} has no instance dict to clone")
+    names = _names_used(fn.__code__)
+    conventions = set()
+    if "dispatch_attention_fn" in names and "dispatch_attention_fn" in fn.__globals__:
+        conventions.add(Convention.DISPATCH)
+    if "scaled_dot_product_attention" in names and fn.__globals__.get("F") is F:
+        conventions.add(Convention.SDPA)
+    if not conventions:
+        return InterceptionPlan(
+            frozenset(),
+            f"{type(processor).__name__}.__call__ calls neither dispatch_attention_fn nor "
+            "F.scaled_dot_product_attention directly",
+        )
+    return InterceptionPlan(frozenset(conventions))
+
+
+class _FunctionalView(types.ModuleType):
+    """``torch.nn.functional`` as seen by one processor: everything real except SDPA."""
+
+    def __init__(self, sdpa: Callable) -> None:
+        super().__init__("torch.nn.functional")
+        self.scaled_dot_product_attention = sdpa
+
+    def __getattr__(self, name: str):
+        return getattr(F, name)
+
+
+def original_entry(processor: object, convention: Convention) -> Callable:
+    """The function the host itself would call for ``convention`` (the host path)."""
+    if convention is Convention.DISPATCH:
+        return _call_function(processor).__globals__["dispatch_attention_fn"]
+    return F.scaled_dot_product_attention
+
+
+def routed_processor(
+    processor: object,
+    entries: dict[Convention, Callable],
+    on_invocation: Callable[[], None],
+) -> object:
+    """A clone of ``processor`` whose attention calls go to ``entries``.
+
+    The clone is an instance of a fresh subclass of the processor's class (so ``isinstance`` checks
+    and class attributes still hold), sharing the original's instance attributes. Its ``__call__``
+    keeps the original signature (diffusers filters keyword arguments by it).
+    """
+    fn = _call_function(processor)
+    scoped = dict(fn.__globals__)
+    if Convention.DISPATCH in entries:
+        scoped["dispatch_attention_fn"] = entries[Convention.DISPATCH]
+    if Convention.SDPA in entries:
+        scoped["F"] = _FunctionalView(entries[Convention.SDPA])
+    rebound = types.FunctionType(fn.__code__, scoped, fn.__name__, fn.__defaults__, fn.__closure__)
+    rebound.__kwdefaults__ = fn.__kwdefaults__
+
+    @functools.wraps(fn)
+    def __call__(self, *args, **kwargs):
+        on_invocation()
+        return rebound(self, *args, **kwargs)
+
+    cls = type(processor)
+    routed_cls = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_ditgate_routed": True})
+    clone = object.__new__(routed_cls)
+    clone.__dict__.update(processor.__dict__)
+    return clone
+
+
+def is_routed(processor: object) -> bool:
+    return bool(getattr(type(processor), "_ditgate_routed", False))

@@ -1,0 +1,1 @@
+"""Built-in model presets (real diffusers classes, random weights)."""

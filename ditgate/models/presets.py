@@ -1,0 +1,189 @@
+"""Real diffusers transformer classes at named configurations, with random weights and inputs.
+
+Used by ``ditgate demo`` (tiny configurations that run on a CPU in seconds), by ``ditgate bench
+model`` (the published configurations at real video lengths) and by the tests. Nothing is downloaded:
+the classes are diffusers' own, the weights are random, and the inputs are random with the shapes
+the family's pipeline would pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    family: str  # "ltx" | "wan" | "flux" | "cogvideox" | "pixart"
+    description: str
+    config: dict = field(default_factory=dict)
+    geometry: dict = field(default_factory=dict)  # latent frames / height / width, text length
+
+    def build(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+        torch.manual_seed(seed)
+        cls = _FAMILY_CLASS[self.family]()
+        model = cls(**self.config)
+        model = model.to(device=device) if dtype == torch.float32 else model.to(device=device, dtype=dtype)
+        return model.eval()
+
+    def inputs(self, model: torch.nn.Module, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               seed: int = 0) -> dict:
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        return _FAMILY_INPUTS[self.family](self, model, gen, torch.device(device), dtype)
+
+    @property
+    def video_tokens(self) -> int:
+        g = self.geometry
+        return g.get("frames", 1) * g["height"] * g["width"] // g.get("patch_area", 1)
+
+
+def _rand(gen, shape, device, dtype):
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def _ltx_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    f, h, w, text = g["frames"], g["height"], g["width"], g["text"]
+    mask = torch.ones(1, text, dtype=torch.bool)
+    mask[:, text - max(1, text // 4):] = False  # padded caption tail, as a tokenizer pads
+    return dict(
+        hidden_states=_rand(gen, (1, f * h * w, c.in_channels), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.caption_channels), device, dtype),
+        timestep=torch.tensor([500], device=device),
+        encoder_attention_mask=mask.to(device=device, dtype=dtype),
+        num_frames=f, height=h, width=w,
+        return_dict=False,
+    )
+
+
+def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    return dict(
+        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        timestep=torch.tensor([500], device=device),
+        encoder_hidden_states=_rand(gen, (1, g["text"], c.text_dim), device, dtype),
+        return_dict=False,
+    )
+
+
+def _flux_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    h, w, text = g["height"] // 2, g["width"] // 2, g["text"]
+    img_ids = torch.zeros(h, w, 3)
+    img_ids[..., 1] = torch.arange(h)[:, None]
+    img_ids[..., 2] = torch.arange(w)[None, :]
+    out = dict(
+        hidden_states=_rand(gen, (1, h * w, c.in_channels), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.joint_attention_dim), device, dtype),
+        pooled_projections=_rand(gen, (1, c.pooled_projection_dim), device, dtype),
+        timestep=torch.tensor([0.5], device=device, dtype=dtype),
+        img_ids=img_ids.reshape(-1, 3).to(device=device, dtype=dtype),
+        txt_ids=torch.zeros(text, 3, device=device, dtype=dtype),
+        return_dict=False,
+    )
+    if c.guidance_embeds:
+        out["guidance"] = torch.tensor([3.5], device=device, dtype=dtype)
+    return out
+
+
+def _cogvideox_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    return dict(
+        hidden_states=_rand(gen, (1, g["frames"], c.in_channels, g["height"], g["width"]), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, g["text"], c.text_embed_dim), device, dtype),
+        timestep=torch.tensor([500], device=device),
+        return_dict=False,
+    )
+
+
+def _pixart_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    return dict(
+        hidden_states=_rand(gen, (1, c.in_channels, g["height"], g["width"]), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, g["text"], c.caption_channels), device, dtype),
+        timestep=torch.tensor([500], device=device),
+        added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+        return_dict=False,
+    )
+
+
+def _cls(name: str) -> Callable[[], type]:
+    def get():
+        import diffusers
+
+        return getattr(diffusers, name)
+
+    return get
+
+
+_FAMILY_CLASS = {
+    "ltx": _cls("LTXVideoTransformer3DModel"),
+    "wan": _cls("WanTransformer3DModel"),
+    "flux": _cls("FluxTransformer2DModel"),
+    "cogvideox": _cls("CogVideoXTransformer3DModel"),
+    "pixart": _cls("PixArtTransformer2DModel"),
+}
+_FAMILY_INPUTS = {
+    "ltx": _ltx_inputs,
+    "wan": _wan_inputs,
+    "flux": _flux_inputs,
+    "cogvideox": _cogvideox_inputs,
+    "pixart": _pixart_inputs,
+}
+
+_TINY_LTX = dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+                 cross_attention_dim=32, num_layers=2, caption_channels=16)
+_TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                 text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+_TINY_FLUX = dict(in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                  joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(4, 6, 6))
+
+_LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
+               attention_head_dim=64, cross_attention_dim=2048, num_layers=28, caption_channels=4096)
+_WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30)
+_WAN_14B = dict(_WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+_FLUX_DEV = dict(in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+                 joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        ModelPreset("tiny-ltx", "ltx", "LTX-Video, 2 layers, 2 heads x 16, 2x4x4 latent (32 tokens)", _TINY_LTX,
+                    dict(frames=2, height=4, width=4, text=8)),
+        ModelPreset("tiny-wan", "wan", "Wan 2.1, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)", _TINY_WAN,
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-flux", "flux", "Flux, 1+1 layers, 2 heads x 16, 8x8 latent (16 image + 8 text)", _TINY_FLUX,
+                    dict(height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-cogvideox", "cogvideox", "CogVideoX, 2 layers (calls F.scaled_dot_product_attention)",
+                    dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                         time_embed_dim=8, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
+                         sample_frames=5, patch_size=2, max_text_seq_length=8),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-pixart", "pixart", "PixArt, 2 layers (diffusers Attention + AttnProcessor2_0)",
+                    dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=2,
+                         norm_num_groups=4, cross_attention_dim=32, sample_size=8, caption_channels=16),
+                    dict(height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("ltx-2b-768x512x121", "ltx", "LTX-Video 2B, 768x512, 121 frames (6144 tokens)", _LTX_2B,
+                    dict(frames=16, height=16, width=24, text=128)),
+        ModelPreset("ltx-2b-1216x704x257", "ltx", "LTX-Video 2B, 1216x704, 257 frames (27588 tokens)", _LTX_2B,
+                    dict(frames=33, height=22, width=38, text=128)),
+        ModelPreset("wan-1.3b-480p-81f", "wan", "Wan 2.1 1.3B, 832x480, 81 frames (32760 tokens)", _WAN_1_3B,
+                    dict(frames=21, height=60, width=104, text=512, patch_area=4)),
+        ModelPreset("wan-14b-480p-81f", "wan", "Wan 2.1 14B, 832x480, 81 frames (32760 tokens)", _WAN_14B,
+                    dict(frames=21, height=60, width=104, text=512, patch_area=4)),
+        ModelPreset("flux-dev-1024", "flux", "Flux.1-dev, 1024x1024 (4096 image + 512 text tokens)", _FLUX_DEV,
+                    dict(height=128, width=128, text=512, patch_area=4)),
+    )
+}
+
+DEMO_PRESETS = ("tiny-ltx", "tiny-wan", "tiny-flux")
+
+
+def get_preset(name: str) -> ModelPreset:
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,65 @@
+"""Per-site counts: which form served how many calls, which fell back to the host and why."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+HOST = "host"
+
+
+@dataclass(frozen=True)
+class RouteCount:
+    route: str  # a form name, or "host"
+    reason: str  # for host routes: why the host served it
+    calls: int
+
+
+@dataclass(frozen=True)
+class FailureCount:
+    form: str
+    failures: int
+    last_error: str
+    disabled: bool
+
+
+@dataclass
+class SiteLedger:
+    """Mutable tallies owned by one site of one plan (never shared, gone with the plan)."""
+
+    max_failures: int = 3
+    routes: Counter = field(default_factory=Counter)  # (route, reason) -> calls
+    failures: Counter = field(default_factory=Counter)  # form -> failures
+    last_error: dict[str, str] = field(default_factory=dict)
+    disabled: dict[str, str] = field(default_factory=dict)
+
+    def served(self, form: str) -> None:
+        self.routes[(form, "")] += 1
+
+    def hosted(self, reason: str) -> None:
+        self.routes[(HOST, reason)] += 1
+
+    def failed(self, form: str, error: BaseException) -> bool:
+        """Count a call-time failure; True when this failure disables the form for the site."""
+        self.failures[form] += 1
+        self.last_error[form] = f"{type(error).__name__}: {error}"[:500]
+        if self.failures[form] >= self.max_failures and form not in self.disabled:
+            self.disabled[form] = f"disabled after {self.failures[form]} failures; last: {self.last_error[form]}"
+            return True
+        return False
+
+    def route_counts(self) -> tuple[RouteCount, ...]:
+        return tuple(RouteCount(r, why, n) for (r, why), n in sorted(self.routes.items(), key=lambda kv: -kv[1]))
+
+    def failure_counts(self) -> tuple[FailureCount, ...]:
+        return tuple(
+            FailureCount(f, n, self.last_error.get(f, ""), f in self.disabled) for f, n in self.failures.items()
+        )
+
+    @property
+    def calls(self) -> int:
+        return sum(self.routes.values())
+
+    @property
+    def fallbacks(self) -> int:
+        return sum(self.failures.values())

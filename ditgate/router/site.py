@@ -1,0 +1,145 @@
+"""Per-site dispatch: which form serves this call, with call-time fallback to the host path.
+
+A ``SiteRouter`` is one attention call site (one module path, and the k-th attention call within one
+invocation of that module's processor). For every call it asks its plan's chooser for a decision,
+checks the chosen form's reasons against the call, runs it, and hands the call back to the host if the
+form raises. The ledger keeps the tallies; the observer hears each distinct route once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ..forms import AttentionCall, AttentionInputs, Form, describe_call
+from ..hosts import Convention
+from .ledger import HOST, SiteLedger
+from .observer import RouteEvent
+
+logger = logging.getLogger("ditgate")
+
+HostFn = Callable[[], torch.Tensor]
+ToHostLayout = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the chooser says for one call: a form name, or the host with a reason, or measure now."""
+
+    form: str | None
+    reason: str = ""
+    measure: bool = False
+
+
+class Chooser(Protocol):
+    def decide(self, site: SiteRouter, call: AttentionCall) -> Decision: ...
+
+    def measure(
+        self, site: SiteRouter, call: AttentionCall, inputs: AttentionInputs, host: HostFn, to_host: ToHostLayout
+    ) -> torch.Tensor: ...
+
+
+@dataclass
+class RouterContext:
+    """Everything the sites of one plan share. Owned by the plan; nothing here is module-level."""
+
+    forms: dict[str, Form]
+    chooser: Chooser
+    observe: Callable[[RouteEvent], None]
+    max_failures: int = 3
+    tally: bool = True  # False while the plan runs its own whole-model passes: those are not user calls
+    capabilities: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def capability(self, device: torch.device) -> tuple[int, int] | None:
+        if device.type != "cuda":
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self.capabilities:
+            self.capabilities[index] = torch.cuda.get_device_capability(index)
+        return self.capabilities[index]
+
+
+class SiteRouter:
+    def __init__(self, context: RouterContext, name: str, module_path: str, call_index: int, role_hint: str,
+                 convention: Convention) -> None:
+        self.context = context
+        self.name = name
+        self.module_path = module_path
+        self.call_index = call_index
+        self.role_hint = role_hint
+        self.role: str | None = None
+        self.convention = convention
+        self.ledger = SiteLedger(max_failures=context.max_failures)
+        self.shapes: dict[str, AttentionCall] = {}
+        self._reasons: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._seen_routes: set[tuple] = set()
+
+    # --- what the chooser and the gate use -------------------------------------------------------
+    def reasons(self, form: Form, call: AttentionCall) -> tuple[str, ...]:
+        key = (form.name, call.shape_key)
+        if key not in self._reasons:
+            self._reasons[key] = tuple(form.not_supported_reasons(call))
+        return self._reasons[key]
+
+    def usable(self, form_name: str, call: AttentionCall) -> tuple[str, ...]:
+        """Reasons the named form cannot serve this call at this site (empty when it can)."""
+        if form_name in self.ledger.disabled:
+            return (self.ledger.disabled[form_name],)
+        return self.reasons(self.context.forms[form_name], call)
+
+    # --- the call path ---------------------------------------------------------------------------
+    def _observe(self, call: AttentionCall, route: str, reason: str) -> None:
+        key = (route, reason, call.shape_key)
+        if key in self._seen_routes:
+            return
+        self._seen_routes.add(key)
+        self.context.observe(
+            RouteEvent(self.name, self.role or self.role_hint, route, reason, call.shapes_text(), call.dtype,
+                       call.mask.value)
+        )
+
+    def host_only(self, reason: str, host: HostFn) -> torch.Tensor:
+        if self.context.tally:
+            self.ledger.hosted(reason)
+        return host()
+
+    def serve(self, inputs: AttentionInputs, host: HostFn, to_host: ToHostLayout) -> torch.Tensor:
+        q, k, v = inputs.query, inputs.key, inputs.value
+        call = describe_call(q, k, v, inputs.attn_mask, inputs.dropout_p, inputs.is_causal, inputs.enable_gqa,
+                             self.context.capability(q.device))
+        if self.role is None:
+            self.role = "cross" if call.seq_q != call.seq_kv else self.role_hint
+        self.shapes.setdefault(call.shape_key, call)
+        decision = self.context.chooser.decide(self, call)
+        if decision.measure:
+            if self.context.tally:
+                self.ledger.hosted("calibrating")
+            self._observe(call, HOST, "calibrating")
+            return self.context.chooser.measure(self, call, inputs, host, to_host)
+        if decision.form is None:
+            return self._host(call, decision.reason, host)
+        blocked = self.usable(decision.form, call)
+        if blocked:
+            return self._host(call, f"{decision.form}: {blocked[0]}", host)
+        form = self.context.forms[decision.form]
+        try:
+            out = form.run(inputs)
+        except Exception as exc:  # never fail a call the host could serve
+            if self.ledger.failed(form.name, exc):
+                logger.warning("ditgate: %s: form %s %s; the host serves this site from now on",
+                               self.name, form.name, self.ledger.disabled[form.name])
+            return self._host(call, f"{form.name} raised", host)
+        if self.context.tally:
+            self.ledger.served(form.name)
+        self._observe(call, form.name, "")
+        return to_host(out)
+
+    def _host(self, call: AttentionCall, reason: str, host: HostFn) -> torch.Tensor:
+        if self.context.tally:
+            self.ledger.hosted(reason)
+        self._observe(call, HOST, reason)
+        return host()

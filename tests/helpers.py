@@ -1,0 +1,59 @@
+"""Test helpers: tiny real diffusers models, forward runners, and fake forms whose behaviour a test picks."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ditgate.forms import AttentionInputs, Availability, Form, FormSpec, MaskKind, Precision
+from ditgate.hosts import model_output
+from ditgate.models.presets import get_preset
+
+TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart")
+
+
+class Tiny:
+    def __init__(self, name: str, seed: int = 0) -> None:
+        self.preset = get_preset(name)
+        self.model = self.preset.build(seed=seed)
+        self.inputs = self.preset.inputs(self.model, seed=seed)
+
+    def forward(self, **overrides) -> torch.Tensor:
+        with torch.no_grad():
+            return model_output(self.model(**{**self.inputs, **overrides})).clone()
+
+
+
+def sdpa(inputs: AttentionInputs) -> torch.Tensor:
+    return F.scaled_dot_product_attention(inputs.query, inputs.key, inputs.value, attn_mask=inputs.attn_mask,
+                                          is_causal=inputs.is_causal, scale=inputs.scale,
+                                          enable_gqa=inputs.enable_gqa)
+
+
+class FakeForm(Form):
+    """A form whose behaviour a test chooses: exact SDPA, slowed, perturbed or raising."""
+
+    def __init__(self, name: str, precision: Precision = Precision.EXACT, delay_s: float = 0.0,
+                 noise: float = 0.0, raises: bool = False, masks=frozenset({MaskKind.NONE, MaskKind.ADDITIVE})):
+        super().__init__()
+        self.spec = FormSpec(name=name, precision=precision, description=f"test form {name}",
+                             devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}), mask_kinds=masks)
+        self.delay_s, self.noise, self.raises = delay_s, noise, raises
+        self.calls = 0
+
+    def _probe(self) -> Availability:
+        return Availability(True, "", "test")
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        self.calls += 1
+        if self.raises:
+            raise RuntimeError(f"{self.name} exploded on purpose")
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        out = sdpa(inputs)
+        if self.noise:
+            gen = torch.Generator().manual_seed(self.calls)
+            out = out + self.noise * out.std() * torch.randn(out.shape, generator=gen)
+        return out

@@ -1,0 +1,38 @@
+"""The command line end to end on a CPU."""
+
+import json
+import subprocess
+import sys
+
+
+def _ditgate(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ditgate.cli.main", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+def test_doctor_lists_every_form_with_reasons():
+    res = _ditgate("doctor", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    names = {f["name"] for f in data["forms"]}
+    assert {"fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex", "sage"} <= names
+    assert all(f["available"] or f["reason"] for f in data["forms"])
+    table = _ditgate("doctor")
+    assert table.returncode == 0 and "sdpa_cudnn" in table.stdout and "forms available here" in table.stdout
+
+
+def test_demo_runs_and_writes_reports(tmp_path):
+    res = _ditgate("demo", "--models", "tiny-wan", "tiny-flux", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "blocks.0.attn1" in res.stdout and "whole-model check" in res.stdout
+    for name in ("tiny-wan", "tiny-flux"):
+        data = json.loads((tmp_path / f"demo-{name}.json").read_text())
+        assert data["mode"] == "measured" and data["sites"]
+        assert all(s["verdicts"] for s in data["sites"])
+
+
+def test_demo_static_mode_routes_every_site(tmp_path):
+    res = _ditgate("demo", "--models", "tiny-ltx", "--static", "--forms", "sdpa_math", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "demo-tiny-ltx.json").read_text())
+    assert all(s["serving"] == "sdpa_math" for s in data["sites"])

@@ -1,0 +1,216 @@
+"""The gate on tiny real diffusers models: verdicts, refusals, per-shape keys, whole-model check, receipts."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.forms import Precision
+from ditgate.gate import PROFILES, Profile, WorkspacePool, load_receipt
+
+from .helpers import FakeForm, Tiny
+
+# A profile under which an exact copy of the host's SDPA wins (on a CPU it can't be faster than itself).
+LENIENT = dataclasses.replace(PROFILES["quality"], name="lenient", min_speedup=0.3, min_whole_ratio=0.3, rounds=3)
+
+
+def _verdicts(plan):
+    return {(v.site, v.shape_key): v for v in plan.chooser.verdicts.values()}
+
+
+def test_every_site_gets_a_verdict_and_calibration_returns_host_outputs():
+    tiny = Tiny("tiny-ltx")
+    host = tiny.forward()
+    plan = ditgate.attach(tiny.model)
+    first = tiny.forward()  # the calibrating forward
+    assert torch.equal(first, host)
+    report = plan.report()
+    assert all(len(s.verdicts) == 1 for s in report.sites)
+    for s in report.sites:
+        v = s.verdicts[0]
+        assert v.source == "measured"
+        # every form stepped aside with a reason, or one of them was chosen
+        named = {r.form for r in v.refusals} | ({v.form} if v.form else set())
+        assert named == set(plan.forms), (named, set(plan.forms))
+    assert len(report.whole_model) == 1
+
+
+def test_a_slow_form_is_refused_with_its_ratio():
+    tiny = Tiny("tiny-wan")
+    slow = FakeForm("slow", delay_s=0.004)
+    plan = ditgate.attach(tiny.model, forms=["slow"], extra_forms=[slow])
+    tiny.forward()
+    for v in plan.chooser.verdicts.values():
+        assert v.form is None
+        (refusal,) = [r for r in v.refusals if r.form == "slow"]
+        assert refusal.kind == "slower" and "x [" in refusal.detail and "< 1.02x" in refusal.detail
+        assert v.measured[0].ratio < 1.0
+    assert all(s.serving == "host" for s in plan.report().sites)
+
+
+def test_a_wrong_form_is_refused_with_its_cosine():
+    tiny = Tiny("tiny-wan")
+    wrong = FakeForm("wrong", noise=0.5)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["wrong"], extra_forms=[wrong])
+    tiny.forward()
+    for v in plan.chooser.verdicts.values():
+        (refusal,) = [r for r in v.refusals if r.form == "wrong"]
+        assert refusal.kind == "less accurate" and "cosine 0." in refusal.detail and "< 0.9999" in refusal.detail
+
+
+def test_a_raising_form_is_refused_with_the_error():
+    tiny = Tiny("tiny-flux")
+    boom = FakeForm("boom", raises=True)
+    plan = ditgate.attach(tiny.model, forms=["boom"], extra_forms=[boom])
+    tiny.forward()
+    for v in plan.chooser.verdicts.values():
+        (refusal,) = [r for r in v.refusals if r.form == "boom"]
+        assert refusal.kind == "raised" and "exploded on purpose" in refusal.detail
+
+
+def test_a_winning_form_serves_later_calls():
+    tiny = Tiny("tiny-wan")
+    host = tiny.forward()
+    good = FakeForm("good")
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[good])
+    tiny.forward()
+    calls_before = good.calls
+    out = tiny.forward()
+    assert good.calls == calls_before + 4  # the four sites ran the chosen form
+    assert torch.allclose(out, host, atol=1e-5)
+    report = plan.report()
+    assert all(s.serving == "good" for s in report.sites), plan.explain()
+    (check,) = report.whole_model
+    assert check.cosine > 0.9999
+
+
+def test_bounded_forms_need_a_profile_or_the_caller():
+    tiny = Tiny("tiny-wan")
+    approx = FakeForm("approx", precision=Precision.BOUNDED)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, extra_forms=[approx])
+    tiny.forward()
+    for v in plan.chooser.verdicts.values():
+        (refusal,) = [r for r in v.refusals if r.form == "approx"]
+        assert refusal.kind == "not allowed" and "allows ['exact']" in refusal.detail
+    assert approx.calls == 0
+    plan.detach()
+    approx2 = FakeForm("approx", precision=Precision.BOUNDED)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["approx"], extra_forms=[approx2])  # caller names it
+    tiny.forward()
+    assert approx2.calls > 0 and all(v.form == "approx" for v in plan.chooser.verdicts.values())
+
+
+def test_whole_model_check_reverts_routes_that_break_the_output_floor():
+    tiny = Tiny("tiny-wan")
+    host = tiny.forward()
+    fuzzy = FakeForm("fuzzy", noise=1e-3)  # per call cosine ~0.999999: passes the call floor
+    strict = dataclasses.replace(LENIENT, min_call_cosine=0.99, min_output_cosine=1.0)  # only bit-exact passes
+    plan = ditgate.attach(tiny.model, profile=strict, forms=["fuzzy"], extra_forms=[fuzzy])
+    tiny.forward()
+    (check,) = plan.report().whole_model
+    assert len(check.reverted) == 4 and check.attempts >= 2 and "every route reverted" in check.note
+    assert "output cosine" in check.note
+    assert all(v.form is None and v.source == "reverted" for v in plan.chooser.verdicts.values())
+    assert torch.equal(tiny.forward(), host)  # every route taken back: the host serves all
+
+
+def test_verdicts_hold_per_shape_key():
+    tiny = Tiny("tiny-wan")
+    good = FakeForm("good")
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[good], on_new_shape="host")
+    tiny.forward()
+    keys = {k for _, k in _verdicts(plan)}
+    bigger = tiny.inputs["hidden_states"].repeat(1, 1, 2, 1, 1)  # twice the frames: a new shape key
+    tiny.forward(hidden_states=bigger)
+    assert {k for _, k in _verdicts(plan)} == keys  # nothing measured for the new key under "host"
+    for site in plan.report().sites:
+        reasons = [r.reason for r in site.routes if r.route == "host"]
+        if site.role == "self":
+            assert any("not calibrated" in r for r in reasons), site
+    plan.detach()
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")])
+    tiny.forward()
+    tiny.forward(hidden_states=bigger)
+    per_site = {}
+    for site, key in _verdicts(plan):
+        per_site.setdefault(site, set()).add(key)
+    assert all(len(keys) == 2 for keys in per_site.values())  # measured at first sight, held apart
+
+
+def test_receipts_round_trip_without_measuring(tmp_path):
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")])
+    tiny.forward()
+    path = plan.save(tmp_path / "receipt.json")
+    routes = {k: v.form for k, v in _verdicts(plan).items()}
+    plan.detach()
+    data = json.loads(path.read_text())
+    assert data["sha256"] and data["environment"]["packages"]["torch"] == torch.__version__
+    assert data["profile"]["name"] == "lenient" and len(data["verdicts"]) == 4
+    replay = FakeForm("good")
+    again = ditgate.attach(tiny.model, receipt=path, extra_forms=[replay])
+    tiny.forward()
+    assert {k: v.form for k, v in _verdicts(again).items()} == routes
+    assert all(v.source == "receipt" for v in again.chooser.verdicts.values())
+    assert replay.calls == 4  # served once per site, never measured
+    again.detach()
+
+
+def test_receipts_refuse_a_changed_environment_and_a_tampered_file(tmp_path):
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model)
+    tiny.forward()
+    receipt = plan.receipt()
+    plan.detach()
+    env = dict(receipt.environment, gpu="NVIDIA H200", capability=[9, 0])
+    other = dataclasses.replace(receipt, environment=env).save(tmp_path / "other.json")
+    with pytest.raises(ditgate.ReceiptMismatchError) as err:
+        ditgate.attach(tiny.model, receipt=other)
+    assert any("gpu" in d and "NVIDIA H200" in d for d in err.value.differences)
+    assert not getattr(type(tiny.model.blocks[0].attn1.processor), "_ditgate_routed", False)  # nothing attached
+    remeasured = ditgate.attach(tiny.model, receipt=other, on_mismatch="measure")
+    assert remeasured.mode == "measured"
+    remeasured.detach()
+    tampered = tmp_path / "tampered.json"
+    data = json.loads(other.read_text())
+    data["verdicts"][0]["form"] = "fa4"
+    tampered.write_text(json.dumps(data))
+    with pytest.raises(ditgate.ReceiptError, match="content hash"):
+        load_receipt(tampered)
+
+
+def test_profiles_are_named_and_checked():
+    tiny = Tiny("tiny-wan")
+    with pytest.raises(ValueError, match="known profiles: quality, balanced, speed"):
+        ditgate.attach(tiny.model, profile="ludicrous")
+    with pytest.raises(ValueError, match="min_speedup"):
+        Profile("x", frozenset({Precision.EXACT}), 0.9, 0.9, min_speedup=0)
+    assert Precision.BOUNDED in PROFILES["balanced"].precisions
+    assert PROFILES["quality"].precisions == frozenset({Precision.EXACT})
+    plan = ditgate.attach(tiny.model, min_speedup=1.5)
+    assert plan.profile.min_speedup == 1.5
+    plan.detach()
+
+
+def test_calibrate_callable_runs_before_attach_returns():
+    tiny = Tiny("tiny-ltx")
+    host = tiny.forward()
+    seen = []
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          calibrate=lambda: seen.append(tiny.forward()))
+    assert torch.equal(seen[0], host)  # calibration changed no result
+    assert len(plan.chooser.verdicts) == 4 and len(plan.report().whole_model) == 1
+    assert all(v.form == "good" for v in plan.chooser.verdicts.values())
+
+
+def test_workspace_pool_shares_and_counts_once():
+    pool = WorkspacePool()
+    a = pool.get((4, 8), torch.float32, torch.device("cpu"), "int8:q")
+    b = pool.get((4, 8), torch.float32, torch.device("cpu"), "int8:q")
+    c = pool.get((4, 8), torch.float32, torch.device("cpu"), "fp8:q")
+    assert a is b and a is not c
+    assert pool.bytes("int8") == 4 * 8 * 4 and pool.bytes() == 2 * 4 * 8 * 4
+    pool.release("int8")
+    assert pool.bytes("int8") == 0 and pool.bytes() == 4 * 8 * 4
