@@ -281,7 +281,7 @@ def attach(
     forms: Sequence[str] | None = None,
     measure: bool = True,
     calibrate: Callable[[], object] | None = None,
-    receipt: str | Path | None = None,
+    receipt: str | Path | Receipt | None = None,
     on_mismatch: str = "refuse",
     min_speedup: float | None = None,
     on_new_shape: str = "measure",
@@ -313,7 +313,7 @@ def attach(
         all_forms[f.name] = f
     loaded: Receipt | None = None
     if receipt is not None:
-        loaded = load_receipt(receipt)
+        loaded = receipt if isinstance(receipt, Receipt) else load_receipt(receipt)
         diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers))
         if diffs and on_mismatch == "refuse":
             raise ReceiptMismatchError(diffs)

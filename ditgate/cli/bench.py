@@ -1,7 +1,120 @@
-"""``ditgate bench`` (placeholder parsers are added by the bench module when it lands)."""
+"""``ditgate bench kernels`` and ``ditgate bench model``: tables, JSON, PNG, and a latency gate."""
 
 from __future__ import annotations
 
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from .bench_output import latency_gate, print_table, write_json, write_plot
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
 
 def add_bench_parsers(sub) -> None:
-    return None
+    from ..models.presets import PRESETS
+    from .bench_kernels import KERNEL_PRESETS
+    from .bench_model import DEFAULT_BACKENDS
+
+    bench = sub.add_parser("bench", help="benchmarks: attention kernels, or a whole denoiser forward")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+
+    k = bsub.add_parser("kernels", help="every available form at the attention shapes of real models")
+    k.add_argument("--preset", nargs="+", default=None, choices=sorted(KERNEL_PRESETS), metavar="PRESET",
+                   help=f"shape presets: {', '.join(KERNEL_PRESETS)} (default: all but tiny; tiny on CPU)")
+    k.add_argument("--shape", action="append", default=[], metavar="H,S,D", help="a custom shape (repeatable)")
+    k.add_argument("--forms", nargs="+", default=None, help="only these forms")
+    k.add_argument("--warm", type=int, default=20, help="warm timed calls per row (default 20)")
+    _common(k)
+    k.set_defaults(func=_run_kernels)
+
+    m = bsub.add_parser("model", help="stock diffusers backends vs ditgate profiles on one denoiser forward")
+    m.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model configuration")
+    m.add_argument("--weights", default=None, help="a local diffusers model folder to load instead of random weights")
+    m.add_argument("--backends", nargs="*", default=None,
+                   help=f"diffusers backends (default: {' '.join(DEFAULT_BACKENDS)})")
+    m.add_argument("--profiles", nargs="*", default=["quality", "balanced"], help="ditgate profiles")
+    m.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    m.add_argument("--steps", type=int, default=1, help="forwards per timed sample (default 1)")
+    _common(m)
+    m.set_defaults(func=_run_model)
+
+
+def _common(p) -> None:
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--out", default="ditgate-out", help="folder for JSON and PNG (default: ditgate-out)")
+    p.add_argument("--max-ms", type=float, default=None,
+                   help="latency gate: exit 1 when the gated warm time is above this (cold passes never gate)")
+
+
+def _setup(args):
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return device, dtype, Path(args.out)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                    transient=True)
+
+
+def _run_kernels(args) -> int:
+    from .bench_kernels import KERNEL_PRESETS, bench_kernels, parse_shape
+
+    console = Console(width=max(Console().width, 150))
+    device, dtype, out = _setup(args)
+    names = args.preset or ([n for n in KERNEL_PRESETS if n != "tiny"] if device.type == "cuda" and not args.shape
+                            else ([] if args.shape else ["tiny"]))
+    shapes = [KERNEL_PRESETS[n] for n in names] + [parse_shape(s) for s in args.shape]
+    with _progress(console) as prog:
+        task = prog.add_task("kernels", total=None)
+        rows = bench_kernels(shapes, args.forms, device, dtype, warm=args.warm,
+                             progress=lambda text: prog.update(task, description=text))
+    title = f"ditgate bench kernels ({device.type}, {str(dtype).removeprefix('torch.')})"
+    print_table(console, title, rows)
+    command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "ditgate bench kernels"
+    stem = "bench-kernels"
+    json_path = write_json(out / f"{stem}.json", command, rows, {"shapes": [s.__dict__ for s in shapes]})
+    png = write_plot(out / f"{stem}.png", title, rows)
+    console.print(f"JSON: {json_path}" + (f"  PNG: {png}" if png else ""))
+    best = []
+    for group in dict.fromkeys(r.group for r in rows):
+        timed = [r for r in rows if r.group == group and r.warm_ms is not None]
+        if timed:
+            best.append(min(timed, key=lambda r: r.warm_ms))
+    return latency_gate(console, best if not args.forms else [r for r in rows if r.warm_ms is not None],
+                        args.max_ms, "fastest form per shape" if not args.forms else "every named form")
+
+
+def _run_model(args) -> int:
+    from ..models.presets import get_preset
+    from .bench_model import DEFAULT_BACKENDS, bench_model
+
+    console = Console(width=max(Console().width, 150))
+    device, dtype, out = _setup(args)
+    preset = get_preset(args.preset)
+    if args.weights:
+        from ..models.presets import _FAMILY_CLASS
+
+        model = _FAMILY_CLASS[preset.family]().from_pretrained(args.weights, torch_dtype=dtype).to(device).eval()
+    else:
+        model = preset.build(device, dtype)
+    backends = DEFAULT_BACKENDS if args.backends is None else tuple(args.backends)
+    with _progress(console) as prog:
+        task = prog.add_task("model", total=None)
+        rows, extra = bench_model(preset, model, device, dtype, backends, args.profiles, args.rounds, args.steps,
+                                  forced_backends=tuple(args.backends or ()),
+                                  progress=lambda text: prog.update(task, description=text))
+    title = f"ditgate bench model {preset.name} ({device.type}, {str(dtype).removeprefix('torch.')})"
+    print_table(console, title, rows)
+    command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    stem = f"bench-model-{preset.name}"
+    json_path = write_json(out / f"{stem}.json", command, rows, {"preset": preset.name, **extra})
+    png = write_plot(out / f"{stem}.png", title, rows)
+    console.print(f"JSON: {json_path}" + (f"  PNG: {png}" if png else ""))
+    return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")

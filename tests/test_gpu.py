@@ -1,0 +1,53 @@
+"""GPU-only checks (skipped without CUDA): every available CUDA form against a float32 reference, and a
+gated attach on a tiny model in bf16. Timings are in benchmarks/, not here."""
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.forms import AttentionInputs, create_forms, describe_call
+from ditgate.gate import compare
+from ditgate.hosts import model_output
+from ditgate.models.presets import get_preset
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+FLOORS = {"exact": 0.9999, "bounded": 0.999}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seq_kv", [1000, 77])
+def test_cuda_forms_match_a_float32_reference(head_dim, seq_kv):
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + seq_kv)
+    q = torch.randn(1, 1000, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+    k, v = (torch.randn(1, seq_kv, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+            for _ in range(2))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
+    ran = []
+    for name, form in create_forms().items():
+        if form.not_supported_reasons(call):
+            continue
+        out = form.run(AttentionInputs(q, k, v))
+        assert out.shape == ref.shape and torch.isfinite(out).all(), name
+        acc = compare(out.float(), ref)
+        assert acc.cosine >= FLOORS[form.precision.value], (name, acc)
+        ran.append(name)
+    assert {"sdpa_cudnn", "sdpa_flash", "sdpa_efficient"} & set(ran)
+
+
+def test_gated_attach_on_cuda_is_exact_after_detach():
+    preset = get_preset("tiny-wan")
+    model = preset.build("cuda", torch.bfloat16)
+    inputs = preset.inputs(model, "cuda", torch.bfloat16)
+    with torch.no_grad():
+        host = model_output(model(**inputs)).clone()
+        plan = ditgate.attach(model)
+        first = model_output(model(**inputs))
+        routed = model_output(model(**inputs))
+    assert torch.equal(first, host)
+    assert compare(routed.float(), host.float()).cosine > 0.999
+    assert all(s.verdicts for s in plan.report().sites)
+    plan.detach()
+    with torch.no_grad():
+        assert torch.equal(model_output(model(**inputs)), host)
