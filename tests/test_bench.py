@@ -62,3 +62,14 @@ def test_stock_rows_do_not_inherit_a_backend():
     assert _AttentionBackendRegistry._active_backend == before
     assert all(getattr(m.processor, "_attention_backend", None) is None
                for m in model.modules() if hasattr(m, "processor"))
+
+
+def test_bench_model_loads_local_weights(tmp_path):
+    from ditgate.models.presets import get_preset
+
+    get_preset("tiny-flux").build(seed=3).save_pretrained(tmp_path / "weights")
+    res = _bench("model", "--preset", "tiny-flux", "--weights", str(tmp_path / "weights"), "--backends", "native",
+                 "--profiles", "quality", "--rounds", "1", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "bench-model-tiny-flux.json").read_text())
+    assert "--weights" in data["command"] and all(r["status"] == "ok" for r in data["rows"])

@@ -100,3 +100,11 @@ def test_math_and_flex_forms_match_sdpa_on_cpu():
 
 def test_package_exports():
     assert callable(ditgate.attach) and ditgate.__version__
+
+
+def test_only_the_math_form_refuses_a_huge_score_matrix():
+    forms = create_forms()
+    big = _call(seq_q=32760, seq_kv=32760, heads_q=12, heads_kv=12, head_dim=128, head_dim_v=128)
+    assert any("score matrix" in r for r in forms["sdpa_math"].extra_reasons(big))
+    assert forms["sdpa_efficient"].extra_reasons(big) == []
+    assert forms["sdpa_math"].extra_reasons(_call()) == []

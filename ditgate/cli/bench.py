@@ -99,9 +99,7 @@ def _run_model(args) -> int:
     device, dtype, out = _setup(args)
     preset = get_preset(args.preset)
     if args.weights:
-        from ..models.presets import _FAMILY_CLASS
-
-        model = _FAMILY_CLASS[preset.family]().from_pretrained(args.weights, torch_dtype=dtype).to(device).eval()
+        model = preset.load(args.weights, device, dtype)
     else:
         model = preset.build(device, dtype)
     backends = DEFAULT_BACKENDS if args.backends is None else tuple(args.backends)

@@ -99,16 +99,6 @@ class SdpaEfficient(_PinnedSdpa):
         package="torch",
     )
 
-    # The math path materialises the float32 score matrix; past this it is refused, not attempted.
-    max_score_bytes = 4 << 30
-
-    def extra_reasons(self, call: AttentionCall) -> list[str]:
-        score_bytes = 4 * call.batch * call.heads_q * call.seq_q * call.seq_kv
-        if score_bytes > self.max_score_bytes:
-            return [f"would materialise a {score_bytes / 2**30:.1f} GiB score matrix (limit "
-                    f"{self.max_score_bytes / 2**30:.0f} GiB)"]
-        return []
-
 
 class SdpaMath(_PinnedSdpa):
     backend = SDPBackend.MATH

@@ -30,6 +30,9 @@ def environment(device: torch.device | str | None = None) -> dict:
         env["gpu"] = None
         env["cpu"] = platform.processor() or platform.machine()
     env["packages"] = {p: _version(p) for p in PACKAGES}
+    from .. import __version__
+
+    env["packages"]["ditgate"] = __version__  # also when run from a source tree that pip never installed
     return env
 
 

@@ -29,6 +29,11 @@ class ModelPreset:
         model = model.to(device=device) if dtype == torch.float32 else model.to(device=device, dtype=dtype)
         return model.eval()
 
+    def load(self, path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        """The family's class from a local diffusers folder (``save_pretrained`` layout); nothing is fetched."""
+        cls = _FAMILY_CLASS[self.family]()
+        return cls.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device).eval()
+
     def inputs(self, model: torch.nn.Module, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                seed: int = 0) -> dict:
         gen = torch.Generator(device="cpu").manual_seed(seed)
