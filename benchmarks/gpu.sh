@@ -3,6 +3,7 @@
 # carried in two calls; /tmp survives between calls while the machine stays warm):
 #   bash benchmarks/gpu.sh prep          (carry .big/a)        copy the first half to /tmp
 #   bash benchmarks/gpu.sh main          (carry .whl .big/b)   join, install, GPU tests, Wan attach, kernels
+#   bash benchmarks/gpu.sh quant         (carry .whl .big/b)   join, install, kernel tests, quant_kernel.py
 #   bash benchmarks/gpu.sh models        (no carry)            bench model: Wan 1.3B 480p, LTX 768x512x121
 set -uo pipefail
 stage=${1:?stage}
@@ -27,6 +28,13 @@ main)
     timeout 330 python3 benchmarks/wan_attach.py --out "$OUT" --rounds 5 2>&1 | tee "$OUT/wan-attach.log" | grep -v "^ditgate gate" | tail -40
     timeout 150 python3 -m ditgate.cli.main bench kernels --preset flux-1024 ltx-768x512x121 ltx-1216x704x257 \
         wan-1.3b-480p wan-14b-480p --warm 15 --out "$OUT" 2>&1 | tail -60
+    ;;
+quant)
+    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -5 | tee "$OUT/pytest-gpu.txt"
+    timeout 400 python3 benchmarks/quant_kernel.py --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | tail -45
     ;;
 models)
     timeout 330 python3 -m ditgate.cli.main bench model --preset wan-1.3b-480p-81f --rounds 3 --out "$OUT" 2>&1 | tail -30

@@ -1,8 +1,17 @@
 """Fixtures shared by the tests."""
 
-import pytest
+import os
 
-from .helpers import TINY, Tiny
+import torch
+
+# Triton kernels run under the interpreter on machines without a GPU; the flag is read when a kernel
+# module is first imported, so it is set before any test imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from .helpers import TINY, Tiny  # noqa: E402
 
 
 @pytest.fixture(params=TINY)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from .base import Form, FormInfo, envelope_of
 from .fa4 import FlashAttn4
 from .flex import FlexCompiled
+from .quant import Fp8Attention, Fp8SparseAttention, Int8Attention, Int8SparseAttention
 from .sage import SageAttention
 from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 
@@ -18,11 +19,12 @@ from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 # anchors: flash-attn-4 > cuDNN > torch flash); flex is exact but compiles per shape, so it comes
 # after the kernels that need no compilation; math is the universal last resort.
 EXACT_PRIORITY: tuple[str, ...] = ("fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "sdpa_math")
-BOUNDED_PRIORITY: tuple[str, ...] = ("sage",)
+BOUNDED_PRIORITY: tuple[str, ...] = ("fp8", "int8", "sage", "fp8_sparse", "int8_sparse")
 
 _FORM_CLASSES: dict[str, type[Form]] = {
     cls.spec.name: cls
-    for cls in (FlashAttn4, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention)
+    for cls in (FlashAttn4, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention,
+                Fp8Attention, Int8Attention, Fp8SparseAttention, Int8SparseAttention)
 }
 
 

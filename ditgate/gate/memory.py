@@ -1,8 +1,8 @@
 """Memory accounting: the peak a form adds during a call, and what it keeps resident afterwards.
 
-Workspaces (quantized copies, index lists) live in a ``WorkspacePool`` owned by the plan, keyed by
-(shape, dtype, device, variant), so that every site of one shape shares one set and pooled storage
-is counted once. Forms that lost the gate everywhere are released and hold nothing.
+Workspaces (quantized copies, index lists) live in a ``WorkspacePool`` held by each form instance (one
+per plan), keyed by (shape, dtype, device, variant), so that every site of one shape shares one set and
+pooled storage is counted once. Forms that lost the gate everywhere are released and hold nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from ..forms.workspace import WorkspacePool  # noqa: F401  (re-exported: forms own their pools)
 
 
 @dataclass(frozen=True)
@@ -33,36 +35,3 @@ def measure_memory(fn: Callable[[], object], device: torch.device, resident: Cal
     peak = torch.cuda.max_memory_allocated(device) - base
     del out
     return MemoryUse(int(peak), int(resident() - before_resident))
-
-
-WorkspaceKey = tuple[tuple[int, ...], torch.dtype, str, str]
-
-
-class WorkspacePool:
-    """Buffers shared by all sites of a plan; one per (shape, dtype, device, variant)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[WorkspaceKey, torch.Tensor] = {}
-
-    def get(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, variant: str) -> torch.Tensor:
-        key = (tuple(shape), dtype, str(device), variant)
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = torch.empty(shape, dtype=dtype, device=device)
-            self._buffers[key] = buf
-        return buf
-
-    def bytes(self, variant_prefix: str = "") -> int:
-        seen, total = set(), 0
-        for (_, _, _, variant), buf in self._buffers.items():
-            if not variant.startswith(variant_prefix):
-                continue
-            ptr = buf.untyped_storage().data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                total += buf.untyped_storage().nbytes()
-        return total
-
-    def release(self, variant_prefix: str = "") -> None:
-        for key in [k for k in self._buffers if k[3].startswith(variant_prefix)]:
-            del self._buffers[key]

@@ -1,0 +1,123 @@
+"""ditgate's INT8/FP8 Triton attention on the GPU: time, TFLOP/s, cosine, against cuDNN and flash-attn-4.
+
+Per shape (bf16 random inputs, B, S, H, D storage seen as B, H, S, D views): cuDNN SDPA and fa4 as the
+exact baselines, then the fp8 and int8 forms at several tile configurations, each timed end to end
+(quantization passes included) with CUDA events (median of 10 after 3 warm-ups), cosine to a float32
+reference on a fresh input set; then the block-sparse variant of the best configuration at densities
+0.5 / 0.25 / 0.125 (the same number of key blocks per query block, in a random order) against its own
+dense time.
+
+    python benchmarks/quant_kernel.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ditgate.forms import AttentionInputs, create_forms
+from ditgate.gate import compare, environment
+from ditgate.gate.timing import time_once
+from ditgate.kernels.quant_attention import KernelConfig, quant_attention
+
+SHAPES = {"wan-14b-480p": (40, 32760, 128), "ltx-1216x704x257": (32, 27588, 64), "wan-1.3b-480p": (12, 32760, 128)}
+CONFIGS = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 8, 2), KernelConfig(128, 64, 4, 3),
+           KernelConfig(128, 128, 4, 3), KernelConfig(64, 128, 4, 3), KernelConfig(128, 64, 8, 3)]
+
+
+def inputs(h, s, d, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(3)]
+
+
+def bench(fn, n=10):
+    for _ in range(3):
+        fn()
+    t = [time_once(fn, torch.device("cuda")) for _ in range(n)]
+    return statistics.median(t), min(t), max(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="ditgate-out")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    forms = create_forms(["sdpa_cudnn", "fa4"])
+    rows = []
+    for name in args.shapes:
+        h, s, d = SHAPES[name]
+        flops = 4.0 * h * s * s * d
+        q, k, v = inputs(h, s, d, 1)
+        cq, ck, cv = inputs(h, s, d, 2)
+        ref = torch.nn.functional.scaled_dot_product_attention(cq.float(), ck.float(), cv.float())
+        base = {}
+        for fname, form in forms.items():
+            if not form.availability().available:
+                rows.append({"shape": name, "row": fname, "status": form.availability().reason})
+                continue
+            ms = bench(lambda: form.run(AttentionInputs(q, k, v)))
+            cos = compare(form.run(AttentionInputs(cq, ck, cv)).float(), ref).cosine
+            base[fname] = ms[0]
+            rows.append({"shape": name, "row": fname, "ms": ms[0], "min": ms[1], "max": ms[2],
+                         "tflops": flops / ms[0] / 1e9, "cosine": cos})
+            print(rows[-1], flush=True)
+        best = {}
+        for qk in ("fp8", "int8"):
+            for cfg in CONFIGS:
+                label = f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                try:
+                    t0 = time.perf_counter()
+                    quant_attention(q, k, v, qk=qk, config=cfg)
+                    torch.cuda.synchronize()
+                    cold = (time.perf_counter() - t0) * 1e3
+                    ms = bench(lambda: quant_attention(q, k, v, qk=qk, config=cfg))
+                    acc = compare(quant_attention(cq, ck, cv, qk=qk, config=cfg).float(), ref)
+                except Exception as exc:
+                    rows.append({"shape": name, "row": label, "status": f"{type(exc).__name__}: {exc}"[:300]})
+                    print(rows[-1], flush=True)
+                    continue
+                row = {"shape": name, "row": label, "ms": ms[0], "min": ms[1], "max": ms[2], "cold_ms": cold,
+                       "tflops": flops / ms[0] / 1e9, "cosine": acc.cosine, "rel_l2": acc.rel_l2,
+                       "x_cudnn": base.get("sdpa_cudnn", float("nan")) / ms[0],
+                       "x_fa4": base.get("fa4", float("nan")) / ms[0]}
+                rows.append(row)
+                print(row, flush=True)
+                if qk not in best or row["ms"] < best[qk][1]["ms"]:
+                    best[qk] = (cfg, row)
+        for qk, (cfg, dense_row) in best.items():
+            n_m, n_n = -(-s // cfg.block_m), -(-s // cfg.block_n)
+            for density in (0.5, 0.25, 0.125):
+                keep = max(1, round(density * n_n))
+                g = torch.Generator(device="cuda").manual_seed(11)
+                idx = torch.argsort(torch.rand(1, h, n_m, n_n, device="cuda", generator=g), dim=-1)[..., :keep]
+                idx = idx.sort(dim=-1).values.to(torch.int32).contiguous()
+                cnt = torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda")
+                ms = bench(lambda: quant_attention(q, k, v, qk=qk, config=cfg, kv_index=idx, kv_count=cnt))
+                ratio = ms[0] / dense_row["ms"]
+                rows.append({"shape": name, "row": f"{qk}_sparse d={density}", "ms": ms[0], "min": ms[1],
+                             "max": ms[2], "density": keep / n_n, "x_own_dense_time": ratio,
+                             "bound_1.15xdensity": 1.15 * keep / n_n, "within": ratio <= 1.15 * keep / n_n})
+                print(rows[-1], flush=True)
+        del q, k, v, cq, ck, cv, ref
+        torch.cuda.empty_cache()
+    (out / "quant-kernel.json").write_text(json.dumps({"environment": environment("cuda"), "date": time.strftime("%Y-%m-%d"),
+                                                       "command": "python benchmarks/quant_kernel.py", "rows": rows}, indent=2))
+    print(f"{'shape':<18}{'row':<28}{'ms':>9}{'TFLOP/s':>9}{'cos':>10}{'x cuDNN':>9}{'x fa4':>8}")
+    for r in rows:
+        if "ms" in r:
+            print(f"{r['shape']:<18}{r['row']:<28}{r['ms']:>9.3f}{r.get('tflops', float('nan')):>9.0f}"
+                  f"{r.get('cosine', float('nan')):>10.6f}{r.get('x_cudnn', float('nan')):>9.3f}{r.get('x_fa4', float('nan')):>8.3f}"
+                  + (f"  {r['x_own_dense_time']:.3f} of dense (bound {r['bound_1.15xdensity']:.3f})" if 'density' in r else ""))
+        else:
+            print(f"{r['shape']:<18}{r['row']:<28} {r['status']}")
+
+
+if __name__ == "__main__":
+    main()

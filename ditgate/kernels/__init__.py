@@ -1,0 +1,1 @@
+"""Our own Triton kernels (imported lazily: a missing Triton is a reason, never an import error)."""

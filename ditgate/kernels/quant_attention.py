@@ -1,0 +1,260 @@
+"""INT8/FP8 attention for Hopper, with block-sparse key lists, in Triton.
+
+Why our own kernel: no library on the package index does FP8 Q·Kᵀ *and* FP8 P·V with per-query-block
+key lists (sageattention 1.0.6 is INT8 Q·Kᵀ with FP16 P·V and no sparsity; flash-attn-4 is exact).
+
+Numerics (SageAttention-style):
+- K is smoothed by subtracting its mean over the sequence (exact for softmax: it shifts every score of a
+  query row by the same amount).
+- Q and K are quantized per block of rows (BLOCK_M query rows, BLOCK_N key rows) to INT8 or FP8 e4m3
+  with one absmax scale per block; ``sm_scale · log2(e)`` is folded into the Q scale so the softmax runs
+  on ``exp2``.
+- P·V: P in [0, 1] is multiplied by 448 (e4m3's largest finite value) and cast to FP8; V is quantized
+  per channel (absmax over the sequence) to FP8; both products accumulate in FP32.
+
+Layout: the quantization kernels read Q, K, V through their strides (B, H, S, D views of whatever
+the host gave; no copy), and write FP8/INT8 copies padded to whole blocks, V transposed (B, H, D, S)
+so that P·V's second operand is K-major as Hopper's FP8 matrix instructions want. Those copies are the
+form's workspace (1 byte per element, no full-precision copy is kept).
+
+Sparsity: ``kv_index[b, h, m, :kv_count[b, h, m]]`` lists the key blocks query block ``m`` visits. The
+dense kernel is the same code with the list implied (``j = i``), so listing every block in order gives
+the dense result bit for bit; an empty list gives zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+INT8_MAX = 127.0
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _quant_rows_kernel(X, OUT, SCALE, MEAN, sxb, sxh, sxs, sxd, H, S, S_PAD, n_blocks, mult,
+                       D: tl.constexpr, BLOCK: tl.constexpr, HAS_MEAN: tl.constexpr, TO_INT8: tl.constexpr,
+                       QMAX: tl.constexpr):
+    """One program per (b·h, row block): absmax scale, quantize, store padded contiguous rows."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    valid = rows[:, None] < S
+    x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=valid, other=0.0)
+    x = x.to(tl.float32)
+    if HAS_MEAN:
+        mean = tl.load(MEAN + bh * D + cols)
+        x = tl.where(valid, x - mean[None, :], 0.0)
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    scale = tl.where(amax > 0, amax / QMAX, 1.0)
+    y = x / scale
+    out_ptrs = OUT + (bh * S_PAD + rows[:, None]) * D + cols[None, :]
+    if TO_INT8:
+        y = tl.where(y >= 0, y + 0.5, y - 0.5)
+        tl.store(out_ptrs, y.to(tl.int8))
+    else:
+        tl.store(out_ptrs, y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+    tl.store(SCALE + bh * n_blocks + blk, scale * mult)
+
+
+@triton.jit
+def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.constexpr, BLOCK: tl.constexpr):
+    """V / per-channel scale to FP8, written transposed: OUT[b·h, d, s] (padded columns are zero)."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    valid = rows[:, None] < S
+    v = tl.load(V + b * svb + h * svh + rows[:, None] * svs + cols[None, :] * svd, mask=valid, other=0.0)
+    vs = tl.load(VSCALE + bh * D + cols)
+    y = v.to(tl.float32) / vs[None, :]
+    tl.store(OUT + (bh * D + cols[None, :]) * S_PAD + rows[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+
+
+@triton.jit
+def _attn_kernel(Q8, K8, VT8, QS, KS, VS, O, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
+                 H, H_KV, S_Q, S_K, SQ_PAD, SK_PAD, n_m, n_n, max_list,
+                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE: tl.constexpr,
+                 P_SCALE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * H_KV + h // (H // H_KV)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q8 + (bh * SQ_PAD + offs_m[:, None]) * D + offs_d[None, :])
+    q_scale = tl.load(QS + bh * n_m + pid_m)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if SPARSE:
+        count = tl.load(KV_COUNT + bh * n_m + pid_m)
+    else:
+        count = n_n
+    k_base = K8 + bhk * SK_PAD * D
+    v_base = VT8 + bhk * D * SK_PAD
+    for i in range(0, count):
+        if SPARSE:
+            j = tl.load(KV_INDEX + (bh * n_m + pid_m) * max_list + i)
+        else:
+            j = i
+        cols = j * BLOCK_N + offs_n
+        k = tl.load(k_base + cols[:, None] * D + offs_d[None, :])
+        k_scale = tl.load(KS + bhk * n_n + j)
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * k_scale)
+        s = tl.where(cols[None, :] < S_K, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_base + offs_d[:, None] * SK_PAD + cols[None, :])
+        p8 = (p * P_SCALE).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt))
+        m_i = m_new
+    v_scale = tl.load(VS + bhk * D + offs_d)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None] * (v_scale[None, :] / P_SCALE)
+    o_ptrs = O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < S_Q)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int = 128
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def default_config(head_dim: int, device_type: str) -> KernelConfig:
+    if device_type != "cuda":
+        return KernelConfig(32, 32, 4, 1)  # interpreter: small tiles keep CPU tests quick
+    return KernelConfig(128, 128, 8, 3) if head_dim >= 128 else KernelConfig(128, 128, 4, 3)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    q: torch.Tensor
+    q_scale: torch.Tensor
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    vt: torch.Tensor
+    v_scale: torch.Tensor
+    sq_pad: int
+    sk_pad: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None) -> Quantized:
+    """One pass each over Q and K (plus K's mean) and over V (plus its channel absmax)."""
+    B, H, SQ, D = q.shape
+    HK, SK = k.shape[1], k.shape[2]
+    n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
+    sq_pad, sk_pad = n_m * cfg.block_m, n_n * cfg.block_n
+    qk_dtype = torch.int8 if qk == "int8" else torch.float8_e4m3fn
+    qmax = INT8_MAX if qk == "int8" else FP8_MAX
+    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
+    q8 = get((B * H, sq_pad, D), qk_dtype, "q")
+    k8 = get((B * HK, sk_pad, D), qk_dtype, "k")
+    vt8 = get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt")
+    qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
+    ks = torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device)
+    k_mean = k.mean(dim=2, dtype=torch.float32).reshape(B * HK, D).contiguous()
+    v_absmax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().reshape(B * HK, D)
+    v_scale = (v_absmax / FP8_MAX).clamp_min(1e-20).contiguous()
+    to_int8 = qk == "int8"
+    _quant_rows_kernel[(n_m, B * H)](q, q8, qs, qs, *q.stride(), H, SQ, sq_pad, n_m, scale * LOG2E,
+                                     D=D, BLOCK=cfg.block_m, HAS_MEAN=False, TO_INT8=to_int8, QMAX=qmax)
+    _quant_rows_kernel[(n_n, B * HK)](k, k8, ks, k_mean, *k.stride(), HK, SK, sk_pad, n_n, 1.0,
+                                      D=D, BLOCK=cfg.block_n, HAS_MEAN=True, TO_INT8=to_int8, QMAX=qmax)
+    _quant_v_kernel[(n_n, B * HK)](v, vt8, v_scale, *v.stride(), HK, SK, sk_pad, D=D, BLOCK=cfg.block_n)
+    return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad)
+
+
+def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
+                    scale: float | None = None, kv_index: torch.Tensor | None = None,
+                    kv_count: torch.Tensor | None = None, config: KernelConfig | None = None,
+                    buffers=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Non-causal attention over B, H, S, D tensors (any strides), INT8/FP8 Q·Kᵀ and FP8 P·V.
+
+    kv_index: int32 [B, H, ceil(Sq / block_m), L] key-block ids per query block; kv_count: int32
+    [B, H, ceil(Sq / block_m)] how many of them to visit. Both or neither.
+    """
+    if qk not in ("fp8", "int8"):
+        raise ValueError(f"qk must be 'fp8' or 'int8', not {qk!r}")
+    if (kv_index is None) != (kv_count is None):
+        raise ValueError("kv_index and kv_count go together")
+    B, H, SQ, D = q.shape
+    HK, SK = k.shape[1], k.shape[2]
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"inputs must be bfloat16 or float16, not {q.dtype}")
+    if H % HK:
+        raise ValueError(f"{H} query heads are not a multiple of {HK} key/value heads")
+    if D not in (64, 128) or v.shape[3] != D or k.shape[3] != D:
+        raise ValueError(f"head dims must be 64 or 128 and equal, got q {D}, k {k.shape[3]}, v {v.shape[3]}")
+    cfg = config or default_config(D, q.device.type)
+    scale = D ** -0.5 if scale is None else float(scale)
+    qz = quantize(q, k, v, qk, scale, cfg, buffers)
+    n_m, n_n = qz.sq_pad // cfg.block_m, qz.sk_pad // cfg.block_n
+    if out is None:
+        out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)  # B, S, H, D storage
+    elif out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    sparse = kv_index is not None
+    if sparse:
+        if kv_index.shape[:3] != (B, H, n_m) or kv_count.shape != (B, H, n_m):
+            raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for block_m "
+                             f"{cfg.block_m}; got {tuple(kv_index.shape)} and {tuple(kv_count.shape)}")
+        kv_index = kv_index.to(torch.int32).contiguous()
+        kv_count = kv_count.to(torch.int32).contiguous()
+        max_list = kv_index.shape[3]
+    else:
+        kv_index = kv_count = qz.q_scale  # unused placeholders
+        max_list = 0
+    _attn_kernel[(n_m, B * H)](
+        qz.q, qz.k, qz.vt, qz.q_scale, qz.k_scale, qz.v_scale, out, kv_index, kv_count, *out.stride(),
+        H, HK, SQ, SK, qz.sq_pad, qz.sk_pad, n_m, n_n, max_list,
+        D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPARSE=sparse, P_SCALE=FP8_MAX,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class KeyBlockLists:
+    """A block-sparse selection: per (batch, head, query block) the key blocks to visit.
+
+    This is what an attention call's ``attn_mask`` carries when the sparse stage selected tiles; the
+    block sizes are the kernel's (``block_m`` query rows, ``block_n`` key rows per block).
+    """
+
+    kv_index: torch.Tensor  # int32 [B, H, n_query_blocks, L]
+    kv_count: torch.Tensor  # int32 [B, H, n_query_blocks]
+    block_m: int
+    block_n: int
+
+    def token_mask(self, seq_q: int, seq_k: int) -> torch.Tensor:
+        """The boolean [B, H, Sq, Sk] mask these lists mean, token by token (for references and tests)."""
+        B, H, n_m, L = self.kv_index.shape
+        n_n = _cdiv(seq_k, self.block_n)
+        blocks = torch.zeros(B, H, n_m, n_n + 1, dtype=torch.bool, device=self.kv_index.device)
+        take = torch.arange(L, device=self.kv_index.device) < self.kv_count[..., None]
+        idx = torch.where(take, self.kv_index.long(), n_n)  # unused slots go to a spill column
+        blocks.scatter_(3, idx, True)
+        blocks = blocks[..., :n_n]
+        mask = blocks.repeat_interleave(self.block_m, 2).repeat_interleave(self.block_n, 3)
+        return mask[:, :, :seq_q, :seq_k]
