@@ -36,19 +36,24 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _load_row_block(X, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's block of rows of one (b, h) as float32 through the caller's strides (zeros past S)."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    valid = rows[:, None] < S
+    x = tl.load(X + (bh // H) * sxb + (bh % H) * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=valid,
+                other=0.0)
+    return x.to(tl.float32), blk, bh, rows, cols, valid
+
+
+@triton.jit
 def _quant_rows_kernel(X, OUT, SCALE, MEAN, sxb, sxh, sxs, sxd, H, S, S_PAD, n_blocks, mult,
                        D: tl.constexpr, BLOCK: tl.constexpr, HAS_MEAN: tl.constexpr, TO_INT8: tl.constexpr,
                        QMAX: tl.constexpr):
     """One program per (b·h, row block): absmax scale, quantize, store padded contiguous rows."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    valid = rows[:, None] < S
-    x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=valid, other=0.0)
-    x = x.to(tl.float32)
+    x, blk, bh, rows, cols, valid = _load_row_block(X, sxb, sxh, sxs, sxd, H, S, D, BLOCK)
     if HAS_MEAN:
         mean = tl.load(MEAN + bh * D + cols)
         x = tl.where(valid, x - mean[None, :], 0.0)
@@ -67,16 +72,9 @@ def _quant_rows_kernel(X, OUT, SCALE, MEAN, sxb, sxh, sxs, sxd, H, S, S_PAD, n_b
 @triton.jit
 def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.constexpr, BLOCK: tl.constexpr):
     """V / per-channel scale to FP8, written transposed: OUT[b·h, d, s] (padded columns are zero)."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, D)
-    valid = rows[:, None] < S
-    v = tl.load(V + b * svb + h * svh + rows[:, None] * svs + cols[None, :] * svd, mask=valid, other=0.0)
+    v, blk, bh, rows, cols, valid = _load_row_block(V, svb, svh, svs, svd, H, S, D, BLOCK)
     vs = tl.load(VSCALE + bh * D + cols)
-    y = v.to(tl.float32) / vs[None, :]
+    y = v / vs[None, :]
     tl.store(OUT + (bh * D + cols[None, :]) * S_PAD + rows[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
 
 
