@@ -26,8 +26,9 @@ from ditgate.gate.timing import time_once
 from ditgate.kernels.quant_attention import KernelConfig, quant_attention
 
 SHAPES = {"wan-14b-480p": (40, 32760, 128), "ltx-1216x704x257": (32, 27588, 64), "wan-1.3b-480p": (12, 32760, 128)}
-CONFIGS = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 8, 2), KernelConfig(128, 64, 4, 3),
-           KernelConfig(128, 128, 4, 3), KernelConfig(64, 128, 4, 3), KernelConfig(128, 64, 8, 3)]
+CONFIGS = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 4, 3), KernelConfig(128, 64, 4, 3),
+           KernelConfig(64, 128, 4, 3), KernelConfig(128, 128, 8, 3, tma=True), KernelConfig(128, 128, 4, 3, tma=True),
+           KernelConfig(128, 64, 4, 3, tma=True)]
 
 
 def inputs(h, s, d, seed):
@@ -71,7 +72,7 @@ def main() -> None:
         best = {}
         for qk in ("fp8", "int8"):
             for cfg in CONFIGS:
-                label = f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                label = f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
                 try:
                     t0 = time.perf_counter()
                     quant_attention(q, k, v, qk=qk, config=cfg)

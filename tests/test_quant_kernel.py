@@ -137,3 +137,11 @@ def test_the_forms_route_a_tiny_model_under_a_profile_that_names_them():
     assert plan.forms["fp8"].resident_bytes() > 0  # the quantized copies live in the form's pool
     plan.detach()
     assert plan.forms["fp8"].resident_bytes() == 0
+
+
+@pytest.mark.parametrize("qk", ["fp8", "int8"])
+def test_tensor_descriptor_loads_give_the_same_result(qk):
+    q, k, v = _qkv(1, 4, 2, 70, 97, 64, seed=21)
+    plain = quant_attention(q, k, v, qk=qk, config=CFG)
+    tma = quant_attention(q, k, v, qk=qk, config=dataclasses.replace(CFG, tma=True))
+    assert torch.equal(plain, tma)

@@ -82,7 +82,9 @@ def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.const
 def _attn_kernel(Q8, K8, VT8, QS, KS, VS, O, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
                  H, H_KV, S_Q, S_K, SQ_PAD, SK_PAD, n_m, n_n, max_list,
                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE: tl.constexpr,
-                 P_SCALE: tl.constexpr):
+                 P_SCALE: tl.constexpr, TMA: tl.constexpr):
+    # With TMA, Q8 / K8 / VT8 are 2-D tensor descriptors over the padded copies ([rows, D] and [D·rows, S]),
+    # loaded by Hopper's bulk tensor copy engine; otherwise they are plain pointers.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -91,7 +93,10 @@ def _attn_kernel(Q8, K8, VT8, QS, KS, VS, O, KV_INDEX, KV_COUNT, sob, soh, sos, 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    q = tl.load(Q8 + (bh * SQ_PAD + offs_m[:, None]) * D + offs_d[None, :])
+    if TMA:
+        q = Q8.load([bh * SQ_PAD + pid_m * BLOCK_M, 0])
+    else:
+        q = tl.load(Q8 + (bh * SQ_PAD + offs_m[:, None]) * D + offs_d[None, :])
     q_scale = tl.load(QS + bh * n_m + pid_m)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -100,15 +105,16 @@ def _attn_kernel(Q8, K8, VT8, QS, KS, VS, O, KV_INDEX, KV_COUNT, sob, soh, sos, 
         count = tl.load(KV_COUNT + bh * n_m + pid_m)
     else:
         count = n_n
-    k_base = K8 + bhk * SK_PAD * D
-    v_base = VT8 + bhk * D * SK_PAD
     for i in range(0, count):
         if SPARSE:
             j = tl.load(KV_INDEX + (bh * n_m + pid_m) * max_list + i)
         else:
             j = i
         cols = j * BLOCK_N + offs_n
-        k = tl.load(k_base + cols[:, None] * D + offs_d[None, :])
+        if TMA:
+            k = K8.load([bhk * SK_PAD + j * BLOCK_N, 0])
+        else:
+            k = tl.load(K8 + (bhk * SK_PAD + cols[:, None]) * D + offs_d[None, :])
         k_scale = tl.load(KS + bhk * n_n + j)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * k_scale)
         s = tl.where(cols[None, :] < S_K, s, float("-inf"))
@@ -116,7 +122,10 @@ def _attn_kernel(Q8, K8, VT8, QS, KS, VS, O, KV_INDEX, KV_COUNT, sob, soh, sos, 
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_base + offs_d[:, None] * SK_PAD + cols[None, :])
+        if TMA:
+            vt = VT8.load([bhk * D, j * BLOCK_N])
+        else:
+            vt = tl.load(VT8 + (bhk * D + offs_d[:, None]) * SK_PAD + cols[None, :])
         p8 = (p * P_SCALE).to(tl.float8e4nv, fp_downcast_rounding="rtne")
         acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt))
         m_i = m_new
@@ -133,6 +142,7 @@ class KernelConfig:
     block_n: int = 128
     num_warps: int = 8
     num_stages: int = 3
+    tma: bool = False  # load Q/K/V tiles through tensor descriptors (Hopper's bulk copy engine)
 
 
 def default_config(head_dim: int, device_type: str) -> KernelConfig:
@@ -223,10 +233,17 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
     else:
         kv_index = kv_count = qz.q_scale  # unused placeholders
         max_list = 0
+    q_arg, k_arg, v_arg = qz.q, qz.k, qz.vt
+    if cfg.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        q_arg = TensorDescriptor.from_tensor(qz.q.view(-1, D), [cfg.block_m, D])
+        k_arg = TensorDescriptor.from_tensor(qz.k.view(-1, D), [cfg.block_n, D])
+        v_arg = TensorDescriptor.from_tensor(qz.vt.view(-1, qz.sk_pad), [D, cfg.block_n])
     _attn_kernel[(n_m, B * H)](
-        qz.q, qz.k, qz.vt, qz.q_scale, qz.k_scale, qz.v_scale, out, kv_index, kv_count, *out.stride(),
+        q_arg, k_arg, v_arg, qz.q_scale, qz.k_scale, qz.v_scale, out, kv_index, kv_count, *out.stride(),
         H, HK, SQ, SK, qz.sq_pad, qz.sk_pad, n_m, n_n, max_list,
-        D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPARSE=sparse, P_SCALE=FP8_MAX,
+        D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPARSE=sparse, P_SCALE=FP8_MAX, TMA=cfg.tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
