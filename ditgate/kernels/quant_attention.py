@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .lists import KeyBlockLists  # noqa: F401  (the sparse input, re-exported)
+
 FP8_MAX = 448.0
 INT8_MAX = 127.0
 LOG2E = 1.4426950408889634
@@ -248,28 +250,3 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
     )
     return out
 
-
-@dataclass(frozen=True)
-class KeyBlockLists:
-    """A block-sparse selection: per (batch, head, query block) the key blocks to visit.
-
-    This is what an attention call's ``attn_mask`` carries when the sparse stage selected tiles; the
-    block sizes are the kernel's (``block_m`` query rows, ``block_n`` key rows per block).
-    """
-
-    kv_index: torch.Tensor  # int32 [B, H, n_query_blocks, L]
-    kv_count: torch.Tensor  # int32 [B, H, n_query_blocks]
-    block_m: int
-    block_n: int
-
-    def token_mask(self, seq_q: int, seq_k: int) -> torch.Tensor:
-        """The boolean [B, H, Sq, Sk] mask these lists mean, token by token (for references and tests)."""
-        B, H, n_m, L = self.kv_index.shape
-        n_n = _cdiv(seq_k, self.block_n)
-        blocks = torch.zeros(B, H, n_m, n_n + 1, dtype=torch.bool, device=self.kv_index.device)
-        take = torch.arange(L, device=self.kv_index.device) < self.kv_count[..., None]
-        idx = torch.where(take, self.kv_index.long(), n_n)  # unused slots go to a spill column
-        blocks.scatter_(3, idx, True)
-        blocks = blocks[..., :n_n]
-        mask = blocks.repeat_interleave(self.block_m, 2).repeat_interleave(self.block_n, 3)
-        return mask[:, :, :seq_q, :seq_k]

@@ -1,0 +1,1 @@
+"""Layout-aware block sparsity: token layout, tile selection, block lists for the sparse forms."""

@@ -1,0 +1,86 @@
+"""Token layout: what each stretch of a packed attention sequence holds.
+
+Only video/image tokens are sparsifiable. Text, conditioning, audio and unknown tokens stay dense (their
+rows attend everything, their columns are visited by every query), padding is dropped, and a tile that
+straddles a boundary is dense. A layout is a description of where the segments are; it says nothing about
+any tensor's values, so the tile geometry derived from it is cached per layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SPARSIFIABLE = frozenset({"video", "image"})
+KINDS = frozenset({"video", "image", "text", "conditioning", "audio", "unknown", "padding"})
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: int
+    end: int  # exclusive
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown segment kind {self.kind!r}; known: {sorted(KINDS)}")
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"empty or negative segment [{self.start}, {self.end})")
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Segments covering [0, length) in order, without gaps or overlaps."""
+
+    length: int
+    segments: tuple[Segment, ...]
+    grid: tuple[int, int, int] | None = None  # frames, height, width of the video segment, if known
+    source: str = ""  # how the layout was found, for explain()
+
+    def __post_init__(self) -> None:
+        pos = 0
+        for seg in self.segments:
+            if seg.start != pos:
+                raise ValueError(f"segments must tile [0, {self.length}) in order; gap or overlap at {pos}")
+            pos = seg.end
+        if pos != self.length:
+            raise ValueError(f"segments end at {pos}, the sequence has {self.length} tokens")
+
+    @classmethod
+    def video_then(cls, video: int, rest: tuple[tuple[str, int], ...] = (), grid=None, source="") -> TokenLayout:
+        """Video tokens first, then (kind, count) stretches (e.g. Flux single blocks put text first instead)."""
+        segs, pos = [Segment(0, video, "video")], video
+        for kind, n in rest:
+            segs.append(Segment(pos, pos + n, kind))
+            pos += n
+        return cls(pos, tuple(segs), grid, source)
+
+    def token_kinds(self) -> list[str]:
+        out = []
+        for seg in self.segments:
+            out += [seg.kind] * (seg.end - seg.start)
+        return out
+
+    def tile_sparsifiable(self, block: int) -> torch.Tensor:
+        """Bool [n_tiles]: True where every token of the tile is video/image (straddling tiles are dense)."""
+        n = -(-self.length // block)
+        flags = torch.ones(n, dtype=torch.bool)
+        for seg in self.segments:
+            if seg.kind in SPARSIFIABLE:
+                continue
+            flags[seg.start // block: (seg.end - 1) // block + 1] = False
+        if self.length % block:  # a partial last tile is not a whole video tile
+            flags[-1] = flags[-1] and self.segments[-1].kind in SPARSIFIABLE
+        return flags
+
+    def tile_padding(self, block: int) -> torch.Tensor:
+        """Bool [n_tiles]: True where every token of the tile is padding (dropped as keys)."""
+        n = -(-self.length // block)
+        pad = torch.zeros(n, dtype=torch.bool)
+        for seg in self.segments:
+            if seg.kind == "padding":
+                first = -(-seg.start // block)
+                last = seg.end // block if seg.end < self.length else n
+                pad[first:last] = True
+        return pad

@@ -1,0 +1,82 @@
+"""The tile selector: which key tiles each query tile visits, within a budget, without host syncs.
+
+Q and K are mean-pooled per tile; tile pairs are scored by the pooled dot product on *query* heads (the
+pooled keys of a kv head broadcast over its query-head group, so GQA needs no key expansion). Per query
+tile the best key tiles are kept within ``budget`` (a fraction of the sparsifiable candidate tiles,
+rounded up to a whole count that is the same for every row, so no shape depends on data); the diagonal
+and every pinned (non-video) key tile are always kept; non-video query tiles keep everything; padding
+key tiles are dropped. Geometry that depends only on the layout and the tile size is computed once per
+selector and layout, on the host, so the per-call path never reads a device value back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.lists import KeyBlockLists
+from .layout import TokenLayout
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    n_tiles: int
+    candidates: int  # sparsifiable key tiles
+    sparse: torch.Tensor  # bool [n] on the device
+    pinned_idx: torch.Tensor  # long [n_pinned] on the device
+    dense_idx: torch.Tensor  # long [n_not_padding] on the device
+
+
+class TileSelector:
+    def __init__(self, block: int = 128) -> None:
+        self.block = block
+        self._geometry: dict[tuple, _Geometry] = {}  # owned by this selector (one plan), never module-level
+
+    def geometry(self, layout: TokenLayout, device: torch.device) -> _Geometry:
+        key = (layout, str(device))
+        if key not in self._geometry:
+            sparse = layout.tile_sparsifiable(self.block)
+            pad = layout.tile_padding(self.block)
+            pinned = ~sparse & ~pad
+            self._geometry[key] = _Geometry(
+                n_tiles=sparse.numel(), candidates=int(sparse.sum()), sparse=sparse.to(device),
+                pinned_idx=torch.nonzero(pinned).flatten().to(device),
+                dense_idx=torch.nonzero(~pad).flatten().to(device))
+        return self._geometry[key]
+
+    def keep_count(self, layout: TokenLayout, budget: float) -> int:
+        """Video key tiles kept per video query tile (diagonal included) at ``budget``."""
+        if not 0 < budget <= 1:
+            raise ValueError(f"budget must lie in (0, 1], got {budget}")
+        c = self.geometry(layout, torch.device("cpu")).candidates
+        return max(1, min(c, math.ceil(budget * c - 1e-9)))
+
+    def select(self, q: torch.Tensor, k: torch.Tensor, layout: TokenLayout, budget: float) -> KeyBlockLists | None:
+        """Lists for B, H, S, D ``q`` and B, Hkv, S, D ``k`` of one self-attention call; None means dense."""
+        B, H, S, D = q.shape
+        HK = k.shape[1]
+        if k.shape[2] != S or S != layout.length:
+            raise ValueError(f"layout covers {layout.length} tokens; q has {S}, k has {k.shape[2]}")
+        geo = self.geometry(layout, q.device)
+        keep = self.keep_count(layout, budget)
+        if keep >= geo.candidates:
+            return None
+        n, bt = geo.n_tiles, self.block
+        pad = n * bt - S
+        qp = torch.nn.functional.pad(q, (0, 0, 0, pad)).view(B, H, n, bt, D).float().mean(3)
+        kp = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(B, HK, n, bt, D).float().mean(3)
+        scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n, D), kp).reshape(B, H, n, n)
+        scores = scores.masked_fill(~geo.sparse, float("-inf"))  # only video key tiles compete
+        diagonal = torch.eye(n, dtype=torch.bool, device=q.device) & geo.sparse[:, None]
+        scores = scores.masked_fill(diagonal, float("inf"))  # the diagonal always wins
+        chosen = scores.topk(keep, dim=-1).indices  # [B, H, n, keep]
+        pinned = geo.pinned_idx.expand(B, H, n, -1)
+        width = geo.dense_idx.numel()
+        rows = torch.cat([chosen, pinned], dim=-1).sort(dim=-1).values  # ascending: the kernel's order
+        rows = torch.nn.functional.pad(rows, (0, width - rows.shape[-1]))
+        index = torch.where(geo.sparse[:, None], rows, geo.dense_idx.expand(B, H, n, -1))
+        per_row = torch.where(geo.sparse, keep + geo.pinned_idx.numel(), width).to(torch.int32)
+        return KeyBlockLists(index.to(torch.int32).contiguous(), per_row.expand(B, H, n).contiguous(),
+                             self.block, self.block)
