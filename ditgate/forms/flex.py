@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.lists import KeyBlockLists
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
 
 
@@ -50,7 +51,9 @@ class FlexCompiled(Form):
         return self._compiled
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        block_mask = inputs.attn_mask if inputs.attn_mask is not None else None
+        block_mask = inputs.attn_mask
+        if isinstance(block_mask, KeyBlockLists):  # the sparse stage's selection
+            block_mask = block_mask.to_flex_block_mask(inputs.query.shape[2], inputs.key.shape[2])
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             return self._fn()(
                 inputs.query,

@@ -35,3 +35,14 @@ class KeyBlockLists:
         blocks = blocks[..., :n_n]
         mask = blocks.repeat_interleave(self.block_m, 2).repeat_interleave(self.block_n, 3)
         return mask[:, :, :seq_q, :seq_k]
+
+    def to_flex_block_mask(self, seq_q: int, seq_k: int):
+        """The same selection as a flex_attention ``BlockMask`` made of full blocks only (no mask_mod,
+        so the compiled kernel never evaluates a per-token mask)."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        if self.block_m != self.block_n:
+            raise ValueError("flex block masks here use square blocks")
+        zeros = torch.zeros_like(self.kv_count)
+        return BlockMask.from_kv_blocks(zeros, torch.zeros_like(self.kv_index), self.kv_count, self.kv_index,
+                                        BLOCK_SIZE=self.block_m, seq_lengths=(seq_q, seq_k))

@@ -1,0 +1,104 @@
+"""Token layout and tile selector: pinned and diagonal tiles kept, budget exact, dense at full budget."""
+
+import math
+
+import pytest
+import torch
+
+from ditgate.kernels.lists import KeyBlockLists
+from ditgate.sparse.layout import Segment, TokenLayout
+from ditgate.sparse.selector import TileSelector
+
+B = 8
+
+
+def _layout():
+    # 10 video tiles, then a text stretch that straddles a tile boundary, then padding
+    return TokenLayout.video_then(10 * B, (("text", 12), ("padding", 12)))
+
+
+def test_layout_marks_tiles_and_checks_its_segments():
+    lay = _layout()
+    sparse, pad = lay.tile_sparsifiable(B), lay.tile_padding(B)
+    assert sparse.tolist() == [True] * 10 + [False] * 3
+    assert pad.tolist() == [False] * 12 + [True]  # the tile mixing text and padding is not dropped
+    with pytest.raises(ValueError, match="gap or overlap"):
+        TokenLayout(10, (Segment(0, 4, "video"), Segment(5, 10, "text")))
+    with pytest.raises(ValueError, match="unknown segment kind"):
+        Segment(0, 1, "smell")
+
+
+def _qk(seed, S=104, H=4, HK=2, D=16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, H, S, D, generator=g), torch.randn(1, HK, S, D, generator=g)
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.3, 0.5, 0.9])
+def test_selector_keeps_diagonal_and_pinned_and_respects_the_budget(budget):
+    lay, sel = _layout(), TileSelector(B)
+    q, k = _qk(1)
+    lists = sel.select(q, k, lay, budget)
+    keep = math.ceil(budget * 10 - 1e-9)
+    assert isinstance(lists, KeyBlockLists)
+    count, index = lists.kv_count, lists.kv_index
+    for m in range(13):
+        row = index[0, :, m]
+        c = count[0, :, m]
+        if m < 10:  # video query tiles: keep video tiles + text tiles 10, 11 (tile 12 is all padding)
+            assert (c == keep + 2).all()
+            for h in range(4):
+                chosen = row[h, : c[h]].tolist()
+                assert m in chosen and 10 in chosen and 11 in chosen and 12 not in chosen
+                assert chosen == sorted(set(chosen))
+                assert sum(t < 10 for t in chosen) == keep
+        else:  # text rows stay dense (padding tile dropped)
+            assert (c == 12).all() and row[:, :12].tolist() == [list(range(12))] * 4
+
+
+def test_full_budget_returns_dense_and_selection_follows_scores():
+    lay, sel = _layout(), TileSelector(B)
+    q, k = _qk(2)
+    assert sel.select(q, k, lay, 1.0) is None
+    # every query is the same vector u; key tile 3 is u scaled up, the rest noise: tile 3 must be chosen
+    u = torch.randn(16, generator=torch.Generator().manual_seed(9))
+    q = u.expand(1, 4, 104, 16).clone()
+    k = 0.01 * k
+    k[:, :, 3 * B: 4 * B] = u * 5
+    lists = sel.select(q, k, lay, 0.2)  # 2 video tiles per row: the diagonal and the best other
+    for m in range(10):
+        chosen = lists.kv_index[0, :, m, : lists.kv_count[0, 0, m]]
+        assert (chosen == 3).any(dim=-1).all() and (chosen == m).any(dim=-1).all()
+
+
+def test_the_kernel_consumer_with_a_selection_equals_masked_attention():
+    from ditgate.kernels.quant_attention import KernelConfig, quant_attention
+
+    lay, sel = TokenLayout.video_then(96, (("text", 32),)), TileSelector(32)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 128, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    lists = sel.select(q, k, lay, 0.34)
+    assert lists is not None
+    out = quant_attention(q, k, v, qk="int8", config=KernelConfig(32, 32, 4, 1), kv_index=lists.kv_index,
+                          kv_count=lists.kv_count).double()
+    mask = lists.token_mask(128, 128)
+    s = (q.double() @ k.double().transpose(-1, -2) / 8).masked_fill(~mask, float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double()
+    dense = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8, -1) @ v.double()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < 0.1 and ((out - dense).norm() / dense.norm()).item() > 2 * err
+
+
+def test_the_flex_consumer_with_a_selection_equals_sdpa_under_the_expanded_mask():
+    from ditgate.forms import AttentionInputs, create_forms
+
+    lay, sel = TokenLayout.video_then(384, (("text", 128),)), TileSelector(128)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 512, 32, generator=g) for _ in range(3))
+    lists = sel.select(q, k, lay, 0.34)  # 1 of 3 video tiles (the diagonal) + the text tile
+    flex = create_forms(["flex"])["flex"]
+    out = flex.run(AttentionInputs(q, k, v, attn_mask=lists))
+    mask = lists.token_mask(512, 512)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert (out - ref).abs().max() < 1e-4
+    assert (out - dense).abs().max() > 1e-2  # the selection changed the output
