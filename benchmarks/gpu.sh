@@ -17,6 +17,10 @@ prep)
     cp .big/a/cu13.partaa /tmp/ && ls -la /tmp/cu13.partaa
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
     ;;
+prep-quant)  # carry .big/a: keep the first half, and time the quant kernel against cuDNN (no fa4 yet)
+    cp .big/a/cu13.partaa /tmp/
+    timeout 420 python3 benchmarks/quant_kernel.py --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | tail -60
+    ;;
 main)
     cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
     md5sum /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl

@@ -47,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="ditgate-out")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--configs", nargs="+", type=int, default=None, help="indices into CONFIGS to try")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ def main() -> None:
             print(rows[-1], flush=True)
         best = {}
         for qk in ("fp8", "int8"):
-            for cfg in CONFIGS:
+            for cfg in [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS:
                 label = f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
                 try:
                     t0 = time.perf_counter()
