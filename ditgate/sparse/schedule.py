@@ -1,0 +1,64 @@
+"""Budgets per denoising step and per layer, and the step counter they are read from.
+
+A ``BudgetSchedule`` says how much of the sparsifiable key tiles each layer keeps at each step (1.0 =
+dense): typically dense for the first steps, whose coarse structure the whole picture depends on, and
+for the first layers. ``StepCounter`` tells the step from what the denoiser is called with: diffusion
+timesteps fall monotonically during one generation and repeat within a step (classifier-free guidance
+calls the denoiser twice), so a timestep above the last one starts a new generation. It runs as a
+forward pre-hook, outside the model's compiled region, so torch.compile graphs are not broken across
+steps; it reads the timestep once per forward (one small device-to-host read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BudgetSchedule:
+    budget: float = 0.3
+    dense_steps: int = 2  # the first steps of every generation run dense
+    dense_layers: int = 1  # the first layers of every step run dense
+    per_step: tuple[float, ...] | None = None  # explicit budgets by step (overrides ``budget`` there)
+
+    def __post_init__(self) -> None:
+        for b in (self.budget, *(self.per_step or ())):
+            if not 0 < b <= 1:
+                raise ValueError(f"budgets must lie in (0, 1], got {b}")
+        if self.dense_steps < 0 or self.dense_layers < 0:
+            raise ValueError("dense_steps and dense_layers must be >= 0")
+
+    def budget_for(self, step: int, layer: int) -> float:
+        if step < self.dense_steps or layer < self.dense_layers:
+            return 1.0
+        if self.per_step is not None and step < len(self.per_step):
+            return self.per_step[step]
+        return self.budget
+
+
+class StepCounter:
+    """Step index within the current generation, per denoiser (several denoisers count apart)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.generation = 0
+        self._last: float | None = None
+
+    def observe(self, timestep: object) -> int:
+        t = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+        if self._last is None or t > self._last:
+            if self._last is not None:
+                self.generation += 1
+            self.step = 0
+        elif t < self._last:
+            self.step += 1
+        self._last = t
+        return self.step
+
+    def hook(self, module, args, kwargs):
+        timestep = kwargs.get("timestep", args[1] if len(args) > 1 else None)
+        if timestep is not None:
+            self.observe(timestep)
+        return None
