@@ -40,6 +40,12 @@ quant)
     timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -5 | tee "$OUT/pytest-gpu.txt"
     timeout 400 python3 benchmarks/quant_kernel.py --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | tail -45
     ;;
+quant-short)  # no carry: the quant kernel against cuDNN at the two target shapes, five configurations
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 330 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --configs 0 1 2 4 5 \
+        --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | tail -45
+    timeout 120 python3 -m pytest -q -x tests/test_quant_kernel.py 2>&1 | tail -3 | tee "$OUT/pytest-quant-gpu.txt"
+    ;;
 models)
     timeout 330 python3 -m ditgate.cli.main bench model --preset wan-1.3b-480p-81f --rounds 3 --out "$OUT" 2>&1 | tail -30
     timeout 200 python3 -m ditgate.cli.main bench model --preset ltx-2b-768x512x121 --rounds 5 --out "$OUT" 2>&1 | tail -30
