@@ -27,6 +27,8 @@ class FlexCompiled(Form):
         package="torch",
     )
 
+    max_shapes = 64
+
     def __init__(self) -> None:
         super().__init__()
         self._compiled = None
@@ -54,7 +56,10 @@ class FlexCompiled(Form):
         block_mask = inputs.attn_mask
         if isinstance(block_mask, KeyBlockLists):  # the sparse stage's selection
             block_mask = block_mask.to_flex_block_mask(inputs.query.shape[2], inputs.key.shape[2])
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        # One compiled graph per shape; a pipeline meets a handful (self / cross, a few resolutions), a
+        # process that serves many may meet more than dynamo's default of 8 per code object.
+        limit = max(torch._dynamo.config.recompile_limit, self.max_shapes)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=limit):
             return self._fn()(
                 inputs.query,
                 inputs.key,
