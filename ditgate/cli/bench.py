@@ -58,6 +58,19 @@ def _setup(args):
     return device, dtype, Path(args.out)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _emit(console: Console, title: str, stem: Path, rows, extra: dict) -> None:
+    """Table in the terminal, JSON (command line, environment, every row) and PNG next to each other."""
+    print_table(console, title, rows)
+    command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    json_path = write_json(stem.with_suffix(".json"), command, rows, extra)
+    png = write_plot(stem.with_suffix(".png"), title, rows)
+    console.print(f"JSON: {json_path}" + (f"  PNG: {png}" if png else ""))
+
+
 def _progress(console: Console) -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                     transient=True)
@@ -75,13 +88,8 @@ def _run_kernels(args) -> int:
         task = prog.add_task("kernels", total=None)
         rows = bench_kernels(shapes, args.forms, device, dtype, warm=args.warm,
                              progress=lambda text: prog.update(task, description=text))
-    title = f"ditgate bench kernels ({device.type}, {str(dtype).removeprefix('torch.')})"
-    print_table(console, title, rows)
-    command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "ditgate bench kernels"
-    stem = "bench-kernels"
-    json_path = write_json(out / f"{stem}.json", command, rows, {"shapes": [s.__dict__ for s in shapes]})
-    png = write_plot(out / f"{stem}.png", title, rows)
-    console.print(f"JSON: {json_path}" + (f"  PNG: {png}" if png else ""))
+    _emit(console, f"ditgate bench kernels ({device.type}, {_dtype_name(dtype)})", out / "bench-kernels", rows,
+          {"shapes": [s.__dict__ for s in shapes]})
     best = []
     for group in dict.fromkeys(r.group for r in rows):
         timed = [r for r in rows if r.group == group and r.warm_ms is not None]
@@ -108,11 +116,6 @@ def _run_model(args) -> int:
         rows, extra = bench_model(preset, model, device, dtype, backends, args.profiles, args.rounds, args.steps,
                                   forced_backends=tuple(args.backends or ()),
                                   progress=lambda text: prog.update(task, description=text))
-    title = f"ditgate bench model {preset.name} ({device.type}, {str(dtype).removeprefix('torch.')})"
-    print_table(console, title, rows)
-    command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    stem = f"bench-model-{preset.name}"
-    json_path = write_json(out / f"{stem}.json", command, rows, {"preset": preset.name, **extra})
-    png = write_plot(out / f"{stem}.png", title, rows)
-    console.print(f"JSON: {json_path}" + (f"  PNG: {png}" if png else ""))
+    _emit(console, f"ditgate bench model {preset.name} ({device.type}, {_dtype_name(dtype)})",
+          out / f"bench-model-{preset.name}", rows, {"preset": preset.name, **extra})
     return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")

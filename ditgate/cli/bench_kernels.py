@@ -92,24 +92,22 @@ def bench_kernels(shapes: Sequence[KernelShape], form_names: Sequence[str] | Non
             if reasons:
                 status = "unavailable" if reasons[0].startswith("unavailable: ") else "unsupported"
                 text = "; ".join(r.removeprefix("unavailable: ") for r in reasons)
-                rows.append(BenchRow(group, name, "form", status, text, None, None, None, None, None,
-                                     None, None, None, None))
+                rows.append(BenchRow.not_run(group, name, "form", status, text))
                 continue
             try:
                 cold = time_once(lambda: form.run(timing_in), device)
-                samples = [time_once(lambda: form.run(timing_in), device) for _ in range(3)]  # warm-up
+                for _ in range(3):  # warm-up
+                    form.run(timing_in)
                 samples = [time_once(lambda: form.run(timing_in), device) for _ in range(warm)]
                 if ref is None:
                     ref = _reference(check_in)
                 acc = compare(form.run(check_in).float(), ref)
             except torch.cuda.OutOfMemoryError as exc:
-                rows.append(BenchRow(group, name, "form", "out of memory", str(exc).split("\n")[0][:200], None,
-                                     None, None, None, None, None, None, None, None))
+                rows.append(BenchRow.not_run(group, name, "form", "out of memory", str(exc).split("\n")[0][:200]))
                 torch.cuda.empty_cache()
                 continue
             except Exception as exc:
-                rows.append(BenchRow(group, name, "form", "raised", f"{type(exc).__name__}: {exc}"[:300], None,
-                                     None, None, None, None, None, None, None, None))
+                rows.append(BenchRow.not_run(group, name, "form", "raised", f"{type(exc).__name__}: {exc}"[:300]))
                 continue
             med = statistics.median(samples)
             rows.append(BenchRow(group, name, "form", "ok", "", med, min(samples), max(samples), cold,

@@ -163,8 +163,8 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
     rows = []
     for cfg in configs:
         if not cfg.samples or cfg.status != "ok":
-            rows.append(BenchRow(preset.name, cfg.name, cfg.kind, cfg.status if cfg.status != "ok" else "raised",
-                                 cfg.reason, None, None, None, cfg.cold_ms, None, None, None, None, None))
+            rows.append(BenchRow.not_run(preset.name, cfg.name, cfg.kind,
+                                         cfg.status if cfg.status != "ok" else "raised", cfg.reason, cfg.cold_ms))
             continue
         med = statistics.median(cfg.samples)
         acc = compare(cfg.output, baseline_out[0]) if 0 in baseline_out and cfg.output is not None else None

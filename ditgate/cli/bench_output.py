@@ -34,6 +34,12 @@ class BenchRow:
     peak_gib: float | None
     detail: str = ""
 
+    @classmethod
+    def not_run(cls, group: str, name: str, kind: str, status: str, reason: str,
+                cold_ms: float | None = None) -> BenchRow:
+        """A row that could not be timed, with the reason it says instead of vanishing."""
+        return cls(group, name, kind, status, reason, None, None, None, cold_ms, None, None, None, None, None)
+
 
 def fmt(x: float | None, spec: str) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):

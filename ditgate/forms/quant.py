@@ -14,11 +14,12 @@ import os
 
 import torch
 
-from .workspace import WorkspacePool
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
+from .workspace import WorkspacePool
 
-_BOUND = {"fp8": "per-call cosine >= 0.999 on DiT activations (measured, see benchmarks)",
-          "int8": "per-call cosine >= 0.999 on DiT activations (measured, see benchmarks)"}
+# What is established so far: CPU interpreter runs against float64 on random inputs (tests/test_quant_kernel.py).
+# GPU accuracy at real shapes is not measured yet; the gate measures every call's cosine regardless.
+_ERROR_BOUND = "per-block INT8/FP8 quantisation; rel. L2 <= 0.15 (fp8) / 0.10 (int8) on random inputs (CPU)"
 
 
 class _QuantForm(Form):
@@ -51,19 +52,15 @@ class _QuantForm(Form):
             return ["sparse variant: needs key-block lists as the mask"]
         return []
 
-    def _buffers(self, variant: str):
-        if self._pool is None:
-            self._pool = WorkspacePool()
-        pool = self._pool
-
-        def get(shape, dtype, name, device):
-            return pool.get(shape, dtype, device, f"{variant}:{name}")
-
-        return get
-
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         q = inputs.query
-        get = self._buffers(self.name)
+        if self._pool is None:
+            self._pool = WorkspacePool()
+        pool, variant = self._pool, self.name
+
+        def buffers(shape, dtype, name):
+            return pool.get(shape, dtype, q.device, f"{variant}:{name}")
+
         kw = {}
         if self.sparse:
             lists = inputs.attn_mask
@@ -73,7 +70,7 @@ class _QuantForm(Form):
             kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
                       config=dataclasses.replace(base, block_m=lists.block_m, block_n=lists.block_n))
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                            buffers=lambda shape, dtype, name: get(shape, dtype, name, q.device), **kw)
+                                            buffers=buffers, **kw)
 
     def resident_bytes(self) -> int:
         return self._pool.bytes() if self._pool is not None else 0
@@ -95,7 +92,7 @@ def _spec(name: str, qk: str, sparse: bool) -> FormSpec:
         min_capability=(8, 9),  # FP8 matrix instructions (Ada, Hopper and later)
         causal=False,
         package="triton",
-        error_bound=_BOUND[qk],
+        error_bound=_ERROR_BOUND,
     )
 
 

@@ -7,7 +7,7 @@ import platform
 
 import torch
 
-PACKAGES = ("torch", "diffusers", "triton", "ditgate", "flash-attn-4", "sageattention", "nvidia-cutlass-dsl")
+PACKAGES = ("torch", "diffusers", "triton", "flash-attn-4", "sageattention", "nvidia-cutlass-dsl")
 
 
 def _version(dist: str) -> str | None:
@@ -29,10 +29,10 @@ def environment(device: torch.device | str | None = None) -> dict:
     else:
         env["gpu"] = None
         env["cpu"] = platform.processor() or platform.machine()
-    env["packages"] = {p: _version(p) for p in PACKAGES}
     from .. import __version__
 
-    env["packages"]["ditgate"] = __version__  # also when run from a source tree that pip never installed
+    # ditgate's own version from the package, also when it runs from a source tree pip never installed
+    env["packages"] = {"ditgate": __version__, **{p: _version(p) for p in PACKAGES}}
     return env
 
 
