@@ -17,9 +17,26 @@ prep)
     cp .big/a/cu13.partaa /tmp/ && ls -la /tmp/cu13.partaa
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
     ;;
-prep-quant)  # carry .big/a: keep the first half, and time the quant kernel against cuDNN (no fa4 yet)
+prep-quant)  # carry .big/a: keep the first half; GPU kernel tests; the quant kernel against cuDNN (no fa4 yet)
     cp .big/a/cu13.partaa /tmp/
-    timeout 420 python3 benchmarks/quant_kernel.py --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | tail -60
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 100 python3 -m pytest -q -x tests/test_quant_kernel.py -k "not route" 2>&1 | tail -3 | tee "$OUT/pytest-quant-gpu.txt"
+    timeout 480 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --out "$OUT" \
+        --best-out /tmp/quant-best.json 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{"
+    ;;
+prep-sparse)  # carry .big/a: keep the first half; the sparse stage on captured activations (cuDNN as exact)
+    cp .big/a/cu13.partaa /tmp/
+    timeout 500 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
+    ;;
+final)  # carry .whl .big/b: join, install; GPU tests; the quant kernel and the sparse stage with fa4 alongside
+    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    nvidia-smi --query-gpu=name,driver_version --format=csv
+    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -3 | tee "$OUT/pytest-gpu.txt"
+    timeout 200 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --configs 0 1 3 5 \
+        --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{" | tail -34
+    timeout 330 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
     ;;
 main)
     cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
@@ -38,7 +55,8 @@ quant)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
     timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -5 | tee "$OUT/pytest-gpu.txt"
-    timeout 400 python3 benchmarks/quant_kernel.py --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | tail -45
+    timeout 400 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --out "$OUT" \
+        --configs-from /tmp/quant-best.json 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{"
     ;;
 quant-short)  # no carry: the quant kernel against cuDNN at the two target shapes, five configurations
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

@@ -3,7 +3,8 @@
 Per shape (bf16 random inputs, B, S, H, D storage seen as B, H, S, D views): cuDNN SDPA and fa4 as the
 exact baselines, then the fp8 and int8 forms at several tile configurations, each timed end to end
 (quantization passes included) with CUDA events (median of 10 after 3 warm-ups), cosine to a float32
-reference on a fresh input set; then the block-sparse variant of the best configuration at densities
+reference on a fresh input set (fp8 at every configuration, int8 at fp8's fastest few); the quantization
+passes alone; then the block-sparse variant of the best configuration at densities
 0.5 / 0.25 / 0.125 (the same number of key blocks per query block, in a random order) against its own
 dense time.
 
@@ -13,8 +14,10 @@ dense time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -26,9 +29,12 @@ from ditgate.gate.timing import time_once
 from ditgate.kernels.quant_attention import KernelConfig, quant_attention
 
 SHAPES = {"wan-14b-480p": (40, 32760, 128), "ltx-1216x704x257": (32, 27588, 64), "wan-1.3b-480p": (12, 32760, 128)}
-CONFIGS = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 4, 3), KernelConfig(128, 64, 4, 3),
-           KernelConfig(64, 128, 4, 3), KernelConfig(128, 128, 8, 3, tma=True), KernelConfig(128, 128, 4, 3, tma=True),
-           KernelConfig(128, 64, 4, 3, tma=True)]
+TILES = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 4, 3), KernelConfig(128, 64, 4, 3),
+         KernelConfig(64, 128, 4, 3), KernelConfig(128, 128, 8, 3, tma=True), KernelConfig(128, 128, 4, 3, tma=True),
+         KernelConfig(128, 64, 4, 3, tma=True), KernelConfig(128, 128, 8, 2), KernelConfig(128, 128, 8, 4),
+         KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3, tma=True), KernelConfig(128, 128, 4, 4),
+         KernelConfig(64, 64, 4, 3)]
+CONFIGS = TILES
 
 
 def inputs(h, s, d, seed):
@@ -48,11 +54,22 @@ def main() -> None:
     ap.add_argument("--out", default="ditgate-out")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--configs", nargs="+", type=int, default=None, help="indices into CONFIGS to try")
+    ap.add_argument("--best-out", default=None, help="write each shape's fastest configurations here (JSON)")
+    ap.add_argument("--configs-from", default=None, help="read per-shape configurations from a --best-out file")
+    ap.add_argument("--int8-configs", type=int, default=3, help="how many of fp8's fastest configurations int8 tries")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     forms = create_forms(["sdpa_cudnn", "fa4"])
     rows = []
+    env = environment("cuda")
+    fastest = {}
+
+    def save(rows):
+        (out / "quant-kernel.json").write_text(json.dumps(
+            {"environment": env, "date": time.strftime("%Y-%m-%d"), "command": "python benchmarks/quant_kernel.py "
+             + " ".join(sys.argv[1:]), "rows": rows}, indent=2))
+
     for name in args.shapes:
         h, s, d = SHAPES[name]
         flops = 4.0 * h * s * s * d
@@ -71,8 +88,14 @@ def main() -> None:
                          "tflops": flops / ms[0] / 1e9, "cosine": cos})
             print(rows[-1], flush=True)
         best = {}
+        tried = {}  # fp8 sweeps every configuration; int8 then tries fp8's fastest few
         for qk in ("fp8", "int8"):
-            for cfg in [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS:
+            pool = [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS
+            if args.configs_from and Path(args.configs_from).exists():
+                pool = [KernelConfig(**c) for c in json.loads(Path(args.configs_from).read_text()).get(name, [])] or pool
+            if qk == "int8":
+                pool = sorted(tried, key=tried.get)[: args.int8_configs]
+            for cfg in pool:
                 label = f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
                 try:
                     t0 = time.perf_counter()
@@ -91,9 +114,16 @@ def main() -> None:
                        "x_fa4": base.get("fa4", float("nan")) / ms[0]}
                 rows.append(row)
                 print(row, flush=True)
+                if qk == "fp8":
+                    tried[cfg] = row["ms"]
                 if qk not in best or row["ms"] < best[qk][1]["ms"]:
                     best[qk] = (cfg, row)
         for qk, (cfg, dense_row) in best.items():
+            from ditgate.kernels.quant_attention import quantize
+            ms = bench(lambda: quantize(q, k, v, qk, d ** -0.5, cfg))
+            rows.append({"shape": name, "row": f"{qk} quantize only", "ms": ms[0], "min": ms[1], "max": ms[2],
+                         "x_own_dense_time": ms[0] / dense_row["ms"]})
+            print(rows[-1], flush=True)
             n_m, n_n = -(-s // cfg.block_m), -(-s // cfg.block_n)
             for density in (0.5, 0.25, 0.125):
                 keep = max(1, round(density * n_n))
@@ -109,16 +139,18 @@ def main() -> None:
                 print(rows[-1], flush=True)
         del q, k, v, cq, ck, cv, ref
         torch.cuda.empty_cache()
-    (out / "quant-kernel.json").write_text(json.dumps({"environment": environment("cuda"), "date": time.strftime("%Y-%m-%d"),
-                                                       "command": "python benchmarks/quant_kernel.py", "rows": rows}, indent=2))
-    print(f"{'shape':<18}{'row':<28}{'ms':>9}{'TFLOP/s':>9}{'cos':>10}{'x cuDNN':>9}{'x fa4':>8}")
+        save(rows)  # after every shape, so a run cut short keeps what it measured
+        fastest[name] = [dataclasses.asdict(c) for c in sorted(tried, key=tried.get)[:4]]
+        if args.best_out:
+            Path(args.best_out).write_text(json.dumps(fastest))
+    print(f"{'shape':<18}{'row':<34}{'ms':>9}{'TFLOP/s':>9}{'cos':>10}{'x cuDNN':>9}{'x fa4':>8}")
     for r in rows:
         if "ms" in r:
-            print(f"{r['shape']:<18}{r['row']:<28}{r['ms']:>9.3f}{r.get('tflops', float('nan')):>9.0f}"
+            print(f"{r['shape']:<18}{r['row']:<34}{r['ms']:>9.3f}{r.get('tflops', float('nan')):>9.0f}"
                   f"{r.get('cosine', float('nan')):>10.6f}{r.get('x_cudnn', float('nan')):>9.3f}{r.get('x_fa4', float('nan')):>8.3f}"
                   + (f"  {r['x_own_dense_time']:.3f} of dense (bound {r['bound_1.15xdensity']:.3f})" if 'density' in r else ""))
         else:
-            print(f"{r['shape']:<18}{r['row']:<28} {r['status']}")
+            print(f"{r['shape']:<18}{r['row']:<34} {r['status']}")
 
 
 if __name__ == "__main__":

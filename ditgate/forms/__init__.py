@@ -14,6 +14,7 @@ from .base import (
 )
 from .registry import (
     BOUNDED_PRIORITY,
+    SPARSE_PRIORITY,
     EXACT_PRIORITY,
     UnknownFormError,
     check_form_names,
@@ -28,6 +29,7 @@ __all__ = [
     "AttentionInputs",
     "Availability",
     "BOUNDED_PRIORITY",
+    "SPARSE_PRIORITY",
     "EXACT_PRIORITY",
     "Form",
     "FormInfo",

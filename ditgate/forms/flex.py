@@ -8,6 +8,8 @@ or raise (and a raise hands the call back to the host path, counted).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..kernels.lists import KeyBlockLists
@@ -71,3 +73,13 @@ class FlexCompiled(Form):
 
     def release(self) -> None:
         self._compiled = None
+
+
+class FlexSparse(FlexCompiled):
+    """The same compiled flex, as the sparse stage's consumer: key-block lists only, turned into a
+    ``BlockMask`` of full blocks (no per-token mask_mod). Bounded, because the selection is."""
+
+    spec = dataclasses.replace(
+        FlexCompiled.spec, name="flex_sparse", precision=Precision.BOUNDED, mask_kinds=frozenset({MaskKind.BLOCK}),
+        description="compiled flex_attention over the sparse stage's full-block BlockMask",
+        error_bound="the attention mass of the key tiles not visited")

@@ -1,14 +1,14 @@
 """ditgate's own INT8/FP8 attention (``ditgate.kernels.quant_attention``) as forms, dense and block-sparse.
 
 ``fp8``: FP8 Q·Kᵀ and FP8 P·V; ``int8``: INT8 Q·Kᵀ and FP8 P·V. Both bounded error (per-block
-quantization, see the kernel's docstring). ``fp8_sparse`` / ``int8_sparse`` serve calls whose mask is a
-``KeyBlockLists`` selection (what the sparse stage produces) and nothing else. The quantized copies of
+quantization, see the kernel's docstring). ``fp8_sparse`` / ``int8_sparse`` / ``block_sparse`` (the
+same kernel unquantized, in the host's bf16/fp16) serve calls whose mask is a ``KeyBlockLists``
+selection (what the sparse stage produces) and nothing else; they are bounded because the selection is. The quantized copies of
 Q, K, V are the form's workspace, pooled per (shape, dtype, device, variant) across all sites of a plan.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 
@@ -17,9 +17,13 @@ import torch
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
 from .workspace import WorkspacePool
 
-# What is established so far: CPU interpreter runs against float64 on random inputs (tests/test_quant_kernel.py).
-# GPU accuracy at real shapes is not measured yet; the gate measures every call's cosine regardless.
-_ERROR_BOUND = "per-block INT8/FP8 quantisation; rel. L2 <= 0.15 (fp8) / 0.10 (int8) on random inputs (CPU)"
+# Measured on an H200 (benchmarks/results/2026-12-02-h200/quant-kernel.json), bf16 N(0, 1) inputs at the
+# Wan-14B and LTX long shapes, cosine to a float32 reference; the gate measures every call's cosine anyway.
+_ERROR_BOUND = {
+    "fp8": "per-block FP8 Q·K and FP8 P·V: cosine 0.9985 on random inputs (H200, Wan-14B/LTX shapes)",
+    "int8": "per-block INT8 Q·K and FP8 P·V: cosine 0.9992 on random inputs (H200, Wan-14B/LTX shapes)",
+    "plain": "dense: bf16 P·V as any flash kernel; sparse: the mass of the tiles not visited",
+}
 
 
 class _QuantForm(Form):
@@ -66,9 +70,10 @@ class _QuantForm(Form):
             lists = inputs.attn_mask
             if not isinstance(lists, self._kernel.KeyBlockLists):
                 raise TypeError(f"{self.name} needs KeyBlockLists as the mask, got {type(lists).__name__}")
-            base = self._kernel.default_config(q.shape[3], q.device.type)
+            if lists.block_m != lists.block_n:
+                raise ValueError(f"{self.name} takes square key-block lists, got {lists.block_m}x{lists.block_n}")
             kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
-                      config=dataclasses.replace(base, block_m=lists.block_m, block_n=lists.block_n))
+                      config=self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_m))
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
                                             buffers=buffers, **kw)
 
@@ -81,18 +86,20 @@ class _QuantForm(Form):
 
 
 def _spec(name: str, qk: str, sparse: bool) -> FormSpec:
+    kind = "bf16/fp16 QK and PV" if qk == "plain" else f"{qk.upper()} QK / FP8 PV"
     return FormSpec(
         name=name,
         precision=Precision.BOUNDED,
-        description=f"ditgate Triton attention, {qk.upper()} QK / FP8 PV" + (", key-block lists" if sparse else ""),
+        description=f"ditgate Triton attention, {kind}" + (", key-block lists" if sparse else ""),
         devices=frozenset({"cuda", "cpu"}),
         dtypes=frozenset({"float16", "bfloat16"}),
         mask_kinds=frozenset({MaskKind.BLOCK}) if sparse else frozenset({MaskKind.NONE}),
         head_dims=frozenset({64, 128}),
-        min_capability=(8, 9),  # FP8 matrix instructions (Ada, Hopper and later)
+        # FP8 matrix instructions arrived with Ada / Hopper; the plain mode needs bf16 tensor cores
+        min_capability=(8, 0) if qk == "plain" else (8, 9),
         causal=False,
         package="triton",
-        error_bound=_ERROR_BOUND,
+        error_bound=_ERROR_BOUND[qk],
     )
 
 
@@ -114,3 +121,8 @@ class Fp8SparseAttention(_QuantForm):
 class Int8SparseAttention(_QuantForm):
     qk, sparse = "int8", True
     spec = _spec("int8_sparse", "int8", True)
+
+
+class BlockSparseAttention(_QuantForm):
+    qk, sparse = "plain", True
+    spec = _spec("block_sparse", "plain", True)

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 
 from .base import Form, FormInfo, envelope_of
 from .fa4 import FlashAttn4
-from .flex import FlexCompiled
-from .quant import Fp8Attention, Fp8SparseAttention, Int8Attention, Int8SparseAttention
+from .flex import FlexCompiled, FlexSparse
+from .quant import BlockSparseAttention, Fp8Attention, Fp8SparseAttention, Int8Attention, Int8SparseAttention
 from .sage import SageAttention
 from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 
@@ -19,12 +19,15 @@ from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 # anchors: flash-attn-4 > cuDNN > torch flash); flex is exact but compiles per shape, so it comes
 # after the kernels that need no compilation; math is the universal last resort.
 EXACT_PRIORITY: tuple[str, ...] = ("fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "sdpa_math")
-BOUNDED_PRIORITY: tuple[str, ...] = ("fp8", "int8", "sage", "fp8_sparse", "int8_sparse")
+BOUNDED_PRIORITY: tuple[str, ...] = ("fp8", "int8", "sage")
+# Block-sparse consumers: measured only for plans with a sparse setting (attach(..., sparse=...)).
+SPARSE_PRIORITY: tuple[str, ...] = ("block_sparse", "fp8_sparse", "int8_sparse", "flex_sparse")
 
 _FORM_CLASSES: dict[str, type[Form]] = {
     cls.spec.name: cls
     for cls in (FlashAttn4, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention,
-                Fp8Attention, Int8Attention, Fp8SparseAttention, Int8SparseAttention)
+                Fp8Attention, Int8Attention, Fp8SparseAttention, Int8SparseAttention, BlockSparseAttention,
+                FlexSparse)
 }
 
 
@@ -33,9 +36,8 @@ class UnknownFormError(ValueError):
 
 
 def known_form_names() -> tuple[str, ...]:
-    return EXACT_PRIORITY + BOUNDED_PRIORITY + tuple(
-        n for n in _FORM_CLASSES if n not in EXACT_PRIORITY + BOUNDED_PRIORITY
-    )
+    listed = EXACT_PRIORITY + BOUNDED_PRIORITY + SPARSE_PRIORITY
+    return listed + tuple(n for n in _FORM_CLASSES if n not in listed)
 
 
 def check_form_names(names: Iterable[str], extra: Iterable[str] = ()) -> tuple[str, ...]:

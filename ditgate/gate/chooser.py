@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..forms import AttentionCall, AttentionInputs, Form, Precision
+from ..forms import SPARSE_PRIORITY, AttentionCall, AttentionInputs, Form, Precision
 from ..router import Decision, SiteRouter
 from .accuracy import compare
 from .memory import measure_memory
@@ -46,7 +46,7 @@ ON_NEW_SHAPE = ("measure", "host")
 
 class GateChooser:
     def __init__(self, profile: Profile, forms: dict[str, Form], on_new_shape: str = "measure",
-                 progress: Callable[[Verdict], None] | None = None) -> None:
+                 progress: Callable[[Verdict], None] | None = None, sparse_forms: tuple[str, ...] = ()) -> None:
         if on_new_shape not in ON_NEW_SHAPE:
             raise ValueError(f"on_new_shape must be one of {ON_NEW_SHAPE}, not {on_new_shape!r}")
         self.profile = profile
@@ -54,13 +54,17 @@ class GateChooser:
         self.on_new_shape = on_new_shape
         self.progress = progress
         self.mode = LIVE
+        self.sparse_forms = sparse_forms  # block-sparse consumers the plan's sparse setting names
         self.verdicts: dict[tuple[str, str], Verdict] = {}
 
     # --- candidates --------------------------------------------------------------------------------
     def candidates(self) -> list[str]:
         """Candidate form names in precision-first order (exact forms first), as the profile allows."""
         p = self.profile
-        names = p.forms if p.forms is not None else tuple(self.forms)
+        if p.forms is not None:
+            names = p.forms
+        else:  # block-sparse forms only where a sparse setting (or the caller, by name) asks for them
+            names = tuple(n for n in self.forms if n not in SPARSE_PRIORITY or n in self.sparse_forms)
         keep = [n for n in names if n in self.forms and self.forms[n].precision in p.precisions]
         exact = [n for n in keep if self.forms[n].precision is Precision.EXACT]
         bounded = [n for n in keep if self.forms[n].precision is Precision.BOUNDED]
@@ -103,20 +107,32 @@ class GateChooser:
         for name, form in self.forms.items():
             if name in allowed:
                 continue
-            if p.forms is not None and name not in p.forms:
+            if p.forms is None and name in SPARSE_PRIORITY and name not in self.sparse_forms:
+                refusals.append(Refusal(name, NOT_ALLOWED, "block-sparse form: only with attach(..., sparse=...)"))
+            elif p.forms is not None and name not in p.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named forms {list(p.forms)}"))
             else:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"{form.precision.value} form; profile {p.name} "
                                                            f"allows {sorted(x.value for x in p.precisions)}"))
         for name in self.candidates():
             form = self.forms[name]
-            reasons = site.usable(name, call)
+            form_call, form_inputs, dense = site.prepare(form, call, inputs, measuring=True)
+            if dense:
+                refusals.append(Refusal(name, UNSUPPORTED, dense))
+                continue
+            reasons = site.usable(name, form_call)
             if reasons:
                 kind = UNAVAILABLE if reasons[0].startswith("unavailable") else UNSUPPORTED
                 refusals.append(Refusal(name, kind, "; ".join(reasons)))
                 continue
+            if form_inputs is not inputs:  # a sparse form pays its selection on every call: time it too
+                def run(form=form):
+                    return form.run(site.prepare(form, call, inputs, measuring=True)[1])
+            else:
+                def run(form=form):
+                    return form.run(inputs)
             try:
-                out = form.run(inputs)  # warm-up (compiles, loads modules) and the accuracy sample
+                out = form.run(form_inputs)  # warm-up (compiles, loads modules) and the accuracy sample
                 acc = compare(to_host(out), host_out)
                 del out
             except Exception as exc:
@@ -127,8 +143,8 @@ class GateChooser:
                                                              f"(rel L2 {acc.rel_l2:.2e})"))
                 continue
             try:
-                mem = measure_memory(lambda: form.run(inputs), device, form.resident_bytes)
-                timing = paired_timing(host, lambda: form.run(inputs), device, p.rounds)
+                mem = measure_memory(run, device, form.resident_bytes)
+                timing = paired_timing(host, run, device, p.rounds)
             except Exception as exc:
                 refusals.append(Refusal(name, RAISED, f"{type(exc).__name__}: {exc}"[:300]))
                 continue

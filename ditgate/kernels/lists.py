@@ -19,10 +19,25 @@ class KeyBlockLists:
     block sizes are the kernel's (``block_m`` query rows, ``block_n`` key rows per block).
     """
 
-    kv_index: torch.Tensor  # int32 [B, H, n_query_blocks, L]
+    kv_index: torch.Tensor  # int32 [B, H, n_query_blocks, L], each row's first kv_count entries ascending
     kv_count: torch.Tensor  # int32 [B, H, n_query_blocks]
     block_m: int
     block_n: int
+
+    @classmethod
+    def from_tile_mask(cls, tiles: torch.Tensor, batch: int, heads: int, block: int) -> KeyBlockLists:
+        """Lists from a bool [n, n] tile mask shared by every batch and head (a static pattern)."""
+        n = tiles.shape[0]
+        count = tiles.sum(1).to(torch.int32)
+        width = max(1, int(count.max()))
+        order = torch.argsort((~tiles).to(torch.int8), dim=1, stable=True)[:, :width]  # kept ids first, ascending
+        index = torch.where(torch.arange(width, device=tiles.device) < count[:, None], order, 0).to(torch.int32)
+        return cls(index.expand(batch, heads, n, width).contiguous(), count.expand(batch, heads, n).contiguous(),
+                   block, block)
+
+    def density(self, seq_k: int) -> float:
+        """Fraction of (query block, key block) pairs visited, over every batch and head."""
+        return float(self.kv_count.float().mean()) / _cdiv(seq_k, self.block_n)
 
     def token_mask(self, seq_q: int, seq_k: int) -> torch.Tensor:
         """The boolean [B, H, Sq, Sk] mask these lists mean, token by token (for references and tests)."""
@@ -43,6 +58,9 @@ class KeyBlockLists:
 
         if self.block_m != self.block_n:
             raise ValueError("flex block masks here use square blocks")
+        n_n = _cdiv(seq_k, self.block_n)
+        index = self.kv_index[..., :n_n]
+        index = torch.nn.functional.pad(index, (0, n_n - index.shape[-1]))  # flex wants one slot per key block
         zeros = torch.zeros_like(self.kv_count)
-        return BlockMask.from_kv_blocks(zeros, torch.zeros_like(self.kv_index), self.kv_count, self.kv_index,
+        return BlockMask.from_kv_blocks(zeros, torch.zeros_like(index), self.kv_count, index,
                                         BLOCK_SIZE=self.block_m, seq_lengths=(seq_q, seq_k))

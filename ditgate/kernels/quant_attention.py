@@ -9,17 +9,19 @@ Numerics (SageAttention-style):
 - Q and K are quantized per block of rows (BLOCK_M query rows, BLOCK_N key rows) to INT8 or FP8 e4m3
   with one absmax scale per block; ``sm_scale · log2(e)`` is folded into the Q scale so the softmax runs
   on ``exp2``.
-- P·V: P in [0, 1] is multiplied by 448 (e4m3's largest finite value) and cast to FP8; V is quantized
-  per channel (absmax over the sequence) to FP8; both products accumulate in FP32.
+- P·V: P is computed as 448 · exp2(s - max) (e4m3's largest finite value; the factor rides in the
+  exponent and cancels against the row sum) and cast to FP8; V is quantized per channel (absmax over
+  the sequence) to FP8; both products accumulate in FP32.
 
 Layout: the quantization kernels read Q, K, V through their strides (B, H, S, D views of whatever
 the host gave; no copy), and write FP8/INT8 copies padded to whole blocks, V transposed (B, H, D, S)
 so that P·V's second operand is K-major as Hopper's FP8 matrix instructions want. Those copies are the
 form's workspace (1 byte per element, no full-precision copy is kept).
 
-Sparsity: ``kv_index[b, h, m, :kv_count[b, h, m]]`` lists the key blocks query block ``m`` visits. The
-dense kernel is the same code with the list implied (``j = i``), so listing every block in order gives
-the dense result bit for bit; an empty list gives zeros.
+Sparsity: ``kv_index[b, h, m, :kv_count[b, h, m]]`` lists the key blocks query block ``m`` visits, in
+ascending order (so a partial tail block can only come last, the one block the kernel masks). The dense
+kernel is the same code with the list implied (``j = i``), so listing every block in order gives the
+dense result bit for bit; an empty list gives zeros.
 """
 
 from __future__ import annotations
@@ -81,59 +83,124 @@ def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.const
 
 
 @triton.jit
-def _attn_kernel(Q8, K8, VT8, QS, KS, VS, O, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
-                 H, H_KV, S_Q, S_K, SQ_PAD, SK_PAD, n_m, n_n, max_list,
-                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE: tl.constexpr,
-                 P_SCALE: tl.constexpr, TMA: tl.constexpr):
-    # With TMA, Q8 / K8 / VT8 are 2-D tensor descriptors over the padded copies ([rows, D] and [D·rows, S]),
-    # loaded by Hopper's bulk tensor copy engine; otherwise they are plain pointers.
+def _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, sks, skd, svs, svd, S_K, offs_n,
+                  offs_d,
+                  BLOCK_N: tl.constexpr, LOG2_P_SCALE: tl.constexpr, TMA: tl.constexpr, MASK: tl.constexpr,
+                  QUANT: tl.constexpr, INT_QK: tl.constexpr):
+    """One key block into the running softmax (m_i is the row max in log2 units).
+
+    Quantized: K and V come from the padded INT8/FP8 copies (V transposed), the score scale is the
+    product of the blocks' scales, and exp2 is shifted by log2 of P's FP8 scale so that P lands directly
+    in [0, 448] (l_i carries the same factor). Plain (bf16/fp16): K and V are read through the host's
+    strides and P is cast to their dtype. The scale is folded into one FMA with the row max; the tail
+    mask (and, plain, the masked loads) only where ``MASK`` says the block may reach past the keys.
+    INT8 products become float by the magic-number trick (one integer add: the exact value |i| < 2**22
+    sits in the mantissa of 1.5 * 2**23) instead of a slower int-to-float conversion."""
+    cols = j * BLOCK_N + offs_n
+    if TMA:
+        k = K.load([k_base + j * BLOCK_N, 0])
+    elif QUANT or not MASK:
+        k = tl.load(K + k_base + cols[:, None] * sks + offs_d[None, :] * skd)
+    else:
+        k = tl.load(K + k_base + cols[:, None] * sks + offs_d[None, :] * skd, mask=cols[:, None] < S_K, other=0.0)
+    if QUANT:
+        c = c_q * tl.load(KS + ks_base + j)  # > 0, so max(raw · c) = max(raw) · c
+    else:
+        c = c_q
+    if INT_QK:
+        raw = (tl.dot(q, tl.trans(k)) + 0x4B400000).to(tl.float32, bitcast=True)  # 12582912 + product
+        offset = 12582912.0
+    else:
+        raw = tl.dot(q, tl.trans(k))
+        offset = 0.0
+    if MASK:
+        raw = tl.where(cols[None, :] < S_K, raw, float("-inf"))
+    m_new = tl.maximum(m_i, (tl.max(raw, axis=1) - offset) * c)
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if TMA:
+        vt = V.load([v_base, j * BLOCK_N])
+    elif QUANT or not MASK:
+        vt = tl.load(V + v_base + offs_d[:, None] * svd + cols[None, :] * svs)
+    else:
+        vt = tl.load(V + v_base + offs_d[:, None] * svd + cols[None, :] * svs, mask=cols[None, :] < S_K, other=0.0)
+    if QUANT:
+        pc = p.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    else:
+        pc = p.to(V.dtype.element_ty)
+    acc = tl.dot(pc, tl.trans(vt), acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_kernel(Q, K, V, QS, KS, VS, O, KV_INDEX, KV_COUNT, sqb, sqh, sqs, sqd, skb, skh, sks, skd,
+                 svb, svh, svs, svd, sob, soh, sos, sod, H, H_KV, S_Q, S_K, SQ_PAD, SK_PAD, n_m, n_n, max_list,
+                 c_plain, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE: tl.constexpr,
+                 TMA: tl.constexpr, EVEN_K: tl.constexpr, QUANT: tl.constexpr, INT_QK: tl.constexpr):
+    # Quantized, Q / K / V are the padded copies ([B·H, S_PAD, D], V as [B·H, D, S_PAD]) as pointers or,
+    # with TMA, 2-D tensor descriptors loaded by Hopper's bulk tensor copy engine. Plain, they are the
+    # host's tensors, read through their strides.
+    # Every visited block but the last is a whole block of real keys (lists ascend, so the partial tail
+    # block can only come last): the loop runs unmasked and the last block is attended apart, masked.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    bhk = b * H_KV + h // (H // H_KV)
+    hk = h // (H // H_KV)
+    bhk = b * H_KV + hk
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    if TMA:
-        q = Q8.load([bh * SQ_PAD + pid_m * BLOCK_M, 0])
+    if QUANT:
+        LOG2_P_SCALE: tl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
+        c_q = tl.load(QS + bh * n_m + pid_m)
+        ks_base = bhk * n_n
+        if TMA:
+            q = Q.load([bh * SQ_PAD + pid_m * BLOCK_M, 0])
+            k_base = bhk * SK_PAD
+            v_base = bhk * D
+        else:
+            q = tl.load(Q + (bh * SQ_PAD + offs_m[:, None]) * D + offs_d[None, :])
+            k_base = bhk * SK_PAD * D
+            v_base = k_base
     else:
-        q = tl.load(Q8 + (bh * SQ_PAD + offs_m[:, None]) * D + offs_d[None, :])
-    q_scale = tl.load(QS + bh * n_m + pid_m)
+        LOG2_P_SCALE: tl.constexpr = 0.0
+        c_q = c_plain
+        ks_base = 0
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd,
+                    mask=offs_m[:, None] < S_Q, other=0.0)
+        k_base = b * skb + hk * skh
+        v_base = b * svb + hk * svh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     if SPARSE:
         count = tl.load(KV_COUNT + bh * n_m + pid_m)
+        row = KV_INDEX + (bh * n_m + pid_m) * max_list
     else:
         count = n_n
-    for i in range(0, count):
+        row = KV_INDEX
+    if SPARSE:
+        j = tl.load(row)  # every row has at least one slot; an empty row never uses it
+    else:
+        j = 0
+    for i in range(0, count - 1):
         if SPARSE:
-            j = tl.load(KV_INDEX + (bh * n_m + pid_m) * max_list + i)
+            j_next = tl.load(row + i + 1)  # fetched one block ahead, so its latency hides behind this block
         else:
-            j = i
-        cols = j * BLOCK_N + offs_n
-        if TMA:
-            k = K8.load([bhk * SK_PAD + j * BLOCK_N, 0])
-        else:
-            k = tl.load(K8 + (bhk * SK_PAD + cols[:, None]) * D + offs_d[None, :])
-        k_scale = tl.load(KS + bhk * n_n + j)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * k_scale)
-        s = tl.where(cols[None, :] < S_K, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if TMA:
-            vt = VT8.load([bhk * D, j * BLOCK_N])
-        else:
-            vt = tl.load(VT8 + (bhk * D + offs_d[:, None]) * SK_PAD + cols[None, :])
-        p8 = (p * P_SCALE).to(tl.float8e4nv, fp_downcast_rounding="rtne")
-        acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt))
-        m_i = m_new
-    v_scale = tl.load(VS + bhk * D + offs_d)
+            j_next = i + 1
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, sks, skd, svs,
+                                      svd, S_K, offs_n, offs_d, BLOCK_N, LOG2_P_SCALE, TMA, False, QUANT, INT_QK)
+        j = j_next
+    if count > 0:
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, sks, skd, svs,
+                                      svd, S_K, offs_n, offs_d, BLOCK_N, LOG2_P_SCALE, TMA, not EVEN_K, QUANT,
+                                      INT_QK)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    out = acc / l_safe[:, None] * (v_scale[None, :] / P_SCALE)
+    out = acc / l_safe[:, None]
+    if QUANT:
+        out = out * tl.load(VS + bhk * D + offs_d)[None, :]  # acc and l_i both carry P's scale
     o_ptrs = O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < S_Q)
 
@@ -147,10 +214,23 @@ class KernelConfig:
     tma: bool = False  # load Q/K/V tiles through tensor descriptors (Hopper's bulk copy engine)
 
 
-def default_config(head_dim: int, device_type: str) -> KernelConfig:
+def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int | None = None) -> KernelConfig:
+    """Tile configuration per mode and head dim, from the H200 sweeps (benchmarks/results/2026-12-02-h200).
+
+    ``block``: square tiles of this size (the block size of a sparse selection's lists)."""
     if device_type != "cuda":
-        return KernelConfig(32, 32, 4, 1)  # interpreter: small tiles keep CPU tests quick
-    return KernelConfig(128, 128, 8, 3) if head_dim >= 128 else KernelConfig(128, 128, 4, 3)
+        b = block or 32
+        return KernelConfig(b, b, 4, 1)  # interpreter: small tiles keep CPU tests quick
+    if block is not None:
+        warps = 8 if head_dim >= 128 and block >= 128 and qk != "fp8" else 4
+        return KernelConfig(block, block, warps, 3)
+    if qk == "plain":
+        return KernelConfig(128, 128, 8, 3) if head_dim >= 128 else KernelConfig(128, 128, 4, 3)
+    if qk == "fp8" and head_dim >= 128:
+        # fastest in three of four runs (27.3-28.2 ms at Wan-14B); once 47.8 ms: the one unsteady config
+        return KernelConfig(128, 128, 4, 3)
+    # int8 with 128 x 128 tiles and four warps ran at 46-49 ms at head dim 128 in every run: 64-row tiles
+    return KernelConfig(64, 128, 4, 3)
 
 
 @dataclass(frozen=True)
@@ -184,7 +264,8 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None) ->
     qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
     ks = torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device)
     k_mean = k.mean(dim=2, dtype=torch.float32).reshape(B * HK, D).contiguous()
-    v_absmax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().reshape(B * HK, D)
+    v_min, v_max = torch.aminmax(v, dim=2)  # one pass over V
+    v_absmax = torch.maximum(v_max, -v_min).float().reshape(B * HK, D)
     v_scale = (v_absmax / FP8_MAX).clamp_min(1e-20).contiguous()
     to_int8 = qk == "int8"
     _quant_rows_kernel[(n_m, B * H)](q, q8, qs, qs, *q.stride(), H, SQ, sq_pad, n_m, scale * LOG2E,
@@ -195,31 +276,39 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None) ->
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad)
 
 
+QK_MODES = ("fp8", "int8", "plain")
+
+
 def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
                     scale: float | None = None, kv_index: torch.Tensor | None = None,
                     kv_count: torch.Tensor | None = None, config: KernelConfig | None = None,
                     buffers=None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Non-causal attention over B, H, S, D tensors (any strides), INT8/FP8 Q·Kᵀ and FP8 P·V.
+    """Non-causal attention over B, H, S, D tensors (any strides).
 
-    kv_index: int32 [B, H, ceil(Sq / block_m), L] key-block ids per query block; kv_count: int32
-    [B, H, ceil(Sq / block_m)] how many of them to visit. Both or neither.
+    qk: "fp8" (FP8 Q·Kᵀ, FP8 P·V), "int8" (INT8 Q·Kᵀ, FP8 P·V), or "plain" (no quantization: the
+    host's bf16/fp16 tensors read in place through their strides, P in the same dtype, FP32
+    accumulation: the same block-sparse loop at the host's precision). kv_index: int32 [B, H, ceil(Sq / block_m), L] key-block ids per query block, each row's
+    first kv_count entries ascending; kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit.
+    Both or neither.
     """
-    if qk not in ("fp8", "int8"):
-        raise ValueError(f"qk must be 'fp8' or 'int8', not {qk!r}")
+    if qk not in QK_MODES:
+        raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
     if (kv_index is None) != (kv_count is None):
         raise ValueError("kv_index and kv_count go together")
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"inputs must be bfloat16 or float16, not {q.dtype}")
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"inputs must be bfloat16 or float16 alike, not {q.dtype}, {k.dtype}, {v.dtype}")
     if H % HK:
         raise ValueError(f"{H} query heads are not a multiple of {HK} key/value heads")
     if D not in (64, 128) or v.shape[3] != D or k.shape[3] != D:
         raise ValueError(f"head dims must be 64 or 128 and equal, got q {D}, k {k.shape[3]}, v {v.shape[3]}")
-    cfg = config or default_config(D, q.device.type)
+    cfg = config or default_config(D, q.device.type, qk)
+    quant = qk != "plain"
+    if cfg.tma and not quant:
+        raise ValueError("tensor-descriptor loads serve the quantized copies only (qk='fp8' or 'int8')")
     scale = D ** -0.5 if scale is None else float(scale)
-    qz = quantize(q, k, v, qk, scale, cfg, buffers)
-    n_m, n_n = qz.sq_pad // cfg.block_m, qz.sk_pad // cfg.block_n
+    n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
     if out is None:
         out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)  # B, S, H, D storage
     elif out.shape != q.shape or out.dtype != q.dtype:
@@ -229,24 +318,37 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
         if kv_index.shape[:3] != (B, H, n_m) or kv_count.shape != (B, H, n_m):
             raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for block_m "
                              f"{cfg.block_m}; got {tuple(kv_index.shape)} and {tuple(kv_count.shape)}")
+        if kv_index.shape[3] == 0:
+            raise ValueError("kv_index needs at least one slot per row (kv_count may still be 0)")
         kv_index = kv_index.to(torch.int32).contiguous()
         kv_count = kv_count.to(torch.int32).contiguous()
         max_list = kv_index.shape[3]
-    else:
-        kv_index = kv_count = qz.q_scale  # unused placeholders
-        max_list = 0
-    q_arg, k_arg, v_arg = qz.q, qz.k, qz.vt
-    if cfg.tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
+    if quant:
+        qz = quantize(q, k, v, qk, scale, cfg, buffers)
+        q_arg, k_arg, v_arg = qz.q, qz.k, qz.vt
+        scales = (qz.q_scale, qz.k_scale, qz.v_scale)
+        pads = (qz.sq_pad, qz.sk_pad)
+        # the padded copies as plain strides: K [B·H, S_PAD, D]; V transposed, so V[s, d] sits at d·S_PAD + s
+        strides = (0, 0, 0, 0) + (0, 0, D, 1) + (0, 0, 1, qz.sk_pad)
+        if cfg.tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
 
-        q_arg = TensorDescriptor.from_tensor(qz.q.view(-1, D), [cfg.block_m, D])
-        k_arg = TensorDescriptor.from_tensor(qz.k.view(-1, D), [cfg.block_n, D])
-        v_arg = TensorDescriptor.from_tensor(qz.vt.view(-1, qz.sk_pad), [D, cfg.block_n])
+            q_arg = TensorDescriptor.from_tensor(qz.q.view(-1, D), [cfg.block_m, D])
+            k_arg = TensorDescriptor.from_tensor(qz.k.view(-1, D), [cfg.block_n, D])
+            v_arg = TensorDescriptor.from_tensor(qz.vt.view(-1, qz.sk_pad), [D, cfg.block_n])
+    else:
+        q_arg, k_arg, v_arg = q, k, v
+        scales = (out, out, out)  # unused placeholders
+        pads = (n_m * cfg.block_m, n_n * cfg.block_n)
+        strides = (*q.stride(), *k.stride(), *v.stride())
+    if not sparse:
+        kv_index = kv_count = scales[0]  # unused placeholders
+        max_list = 0
     _attn_kernel[(n_m, B * H)](
-        q_arg, k_arg, v_arg, qz.q_scale, qz.k_scale, qz.v_scale, out, kv_index, kv_count, *out.stride(),
-        H, HK, SQ, SK, qz.sq_pad, qz.sk_pad, n_m, n_n, max_list,
-        D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPARSE=sparse, P_SCALE=FP8_MAX, TMA=cfg.tma,
+        q_arg, k_arg, v_arg, *scales, out, kv_index, kv_count, *strides, *out.stride(),
+        H, HK, SQ, SK, *pads, n_m, n_n, max_list, scale * LOG2E,
+        D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPARSE=sparse, TMA=cfg.tma,
+        EVEN_K=SK % cfg.block_n == 0, QUANT=quant, INT_QK=qk == "int8",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
-

@@ -8,6 +8,7 @@ form raises. The ledger keeps the tallies; the observer hears each distinct rout
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from ..forms import AttentionCall, AttentionInputs, Form, describe_call
+from ..forms import AttentionCall, AttentionInputs, Form, MaskKind, describe_call
 from ..hosts import Convention
 from .ledger import HOST, SiteLedger
 from .observer import RouteEvent
@@ -53,6 +54,7 @@ class RouterContext:
     max_failures: int = 3
     tally: bool = True  # False while the plan runs its own whole-model passes: those are not user calls
     capabilities: dict[int, tuple[int, int]] = field(default_factory=dict)
+    sparse: object | None = None  # the plan's SparseStage, when attach(..., sparse=...) asked for one
 
     def capability(self, device: torch.device) -> tuple[int, int] | None:
         if device.type != "cuda":
@@ -91,6 +93,25 @@ class SiteRouter:
             return (self.ledger.disabled[form_name],)
         return self.reasons(self.context.forms[form_name], call)
 
+    def prepare(self, form: Form, call: AttentionCall, inputs: AttentionInputs,
+                measuring: bool = False) -> tuple[AttentionCall, AttentionInputs, str]:
+        """A block-sparse form on a maskless call gets the sparse stage's selection as its mask.
+
+        Returns the call and inputs the form is to see, and a reason when there is no selection (the
+        call then stays dense: on the host when serving, a refusal when measuring). Other forms get
+        the call unchanged.
+        """
+        if form.spec.mask_kinds != frozenset({MaskKind.BLOCK}) or call.mask is not MaskKind.NONE:
+            return call, inputs, ""
+        stage = self.context.sparse
+        if stage is None:
+            return call, inputs, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))"
+        sel = stage.selection(self.name, self.module_path, self.role or self.role_hint, inputs.query, inputs.key,
+                              measuring)
+        if sel.lists is None:
+            return call, inputs, f"sparse: {sel.reason}"
+        return (dataclasses.replace(call, mask=MaskKind.BLOCK), dataclasses.replace(inputs, attn_mask=sel.lists), "")
+
     # --- the call path ---------------------------------------------------------------------------
     def _observe(self, call: AttentionCall, route: str, reason: str) -> None:
         key = (route, reason, call.shape_key)
@@ -122,10 +143,13 @@ class SiteRouter:
             return self.context.chooser.measure(self, call, inputs, host, to_host)
         if decision.form is None:
             return self._host(call, decision.reason, host)
+        form = self.context.forms[decision.form]
+        call, inputs, dense = self.prepare(form, call, inputs)
+        if dense:
+            return self._host(call, dense, host)
         blocked = self.usable(decision.form, call)
         if blocked:
             return self._host(call, f"{decision.form}: {blocked[0]}", host)
-        form = self.context.forms[decision.form]
         try:
             out = form.run(inputs)
         except Exception as exc:  # never fail a call the host could serve

@@ -1,12 +1,16 @@
 """The static chooser: the first form, in a given order, with no reasons against the call.
 
 Used when the caller asks for no measurement (``attach(..., measure=False)``): the order is the
-caller's ``forms=[...]`` or the documented exact priority (``forms.EXACT_PRIORITY``).
+caller's ``forms=[...]`` or the documented exact priority (``forms.EXACT_PRIORITY``). A block-sparse
+form is judged on the call as the sparse stage will hand it over (with key-block lists); a call the
+stage keeps dense then goes to the host with the stage's reason.
 """
 
 from __future__ import annotations
 
-from ..forms import AttentionCall
+import dataclasses
+
+from ..forms import AttentionCall, MaskKind
 from .site import Decision, SiteRouter
 
 
@@ -17,7 +21,11 @@ class StaticChooser:
     def decide(self, site: SiteRouter, call: AttentionCall) -> Decision:
         refusals = []
         for name in self.order:
-            reasons = site.usable(name, call)
+            probe = call
+            block_only = site.context.forms[name].spec.mask_kinds == frozenset({MaskKind.BLOCK})
+            if block_only and call.mask is MaskKind.NONE and site.context.sparse is not None:
+                probe = dataclasses.replace(call, mask=MaskKind.BLOCK)  # the stage selects at serve time
+            reasons = site.usable(name, probe)
             if not reasons:
                 return Decision(name)
             refusals.append(f"{name}: {reasons[0]}")

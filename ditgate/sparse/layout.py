@@ -48,13 +48,24 @@ class TokenLayout:
             raise ValueError(f"segments end at {pos}, the sequence has {self.length} tokens")
 
     @classmethod
-    def video_then(cls, video: int, rest: tuple[tuple[str, int], ...] = (), grid=None, source="") -> TokenLayout:
-        """Video tokens first, then (kind, count) stretches (e.g. Flux single blocks put text first instead)."""
-        segs, pos = [Segment(0, video, "video")], video
-        for kind, n in rest:
-            segs.append(Segment(pos, pos + n, kind))
-            pos += n
+    def of(cls, *stretches: tuple[str, int], grid=None, source="") -> TokenLayout:
+        """(kind, count) stretches in sequence order, e.g. ``of(("text", 512), ("image", 4096))``."""
+        segs, pos = [], 0
+        for kind, n in stretches:
+            if n > 0:
+                segs.append(Segment(pos, pos + n, kind))
+                pos += n
         return cls(pos, tuple(segs), grid, source)
+
+    @classmethod
+    def video_then(cls, video: int, rest: tuple[tuple[str, int], ...] = (), grid=None, source="") -> TokenLayout:
+        """Video tokens first, then (kind, count) stretches."""
+        return cls.of(("video", video), *rest, grid=grid, source=source)
+
+    def visual(self) -> Segment | None:
+        """The one video/image segment (None when there is none or more than one)."""
+        found = [s for s in self.segments if s.kind in SPARSIFIABLE]
+        return found[0] if len(found) == 1 else None
 
     def token_kinds(self) -> list[str]:
         out = []

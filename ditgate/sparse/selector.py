@@ -29,6 +29,15 @@ class _Geometry:
     dense_idx: torch.Tensor  # long [n_not_padding] on the device
 
 
+def _pool(x: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """Mean of each tile's rows in float32, read in place (no padded or upcast copy of ``x``)."""
+    full = x.shape[2] // block
+    pooled = x[:, :, : full * block].unflatten(2, (full, block)).mean(3, dtype=torch.float32)
+    if full < n:  # the partial last tile
+        pooled = torch.cat([pooled, x[:, :, full * block:].mean(2, keepdim=True, dtype=torch.float32)], dim=2)
+    return pooled
+
+
 class TileSelector:
     def __init__(self, block: int = 128) -> None:
         self.block = block
@@ -64,9 +73,7 @@ class TileSelector:
         if keep >= geo.candidates:
             return None
         n, bt = geo.n_tiles, self.block
-        pad = n * bt - S
-        qp = torch.nn.functional.pad(q, (0, 0, 0, pad)).view(B, H, n, bt, D).float().mean(3)
-        kp = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(B, HK, n, bt, D).float().mean(3)
+        qp, kp = _pool(q, bt, n), _pool(k, bt, n)
         scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n, D), kp).reshape(B, H, n, n)
         scores = scores.masked_fill(~geo.sparse, float("-inf"))  # only video key tiles compete
         diagonal = torch.eye(n, dtype=torch.bool, device=q.device) & geo.sparse[:, None]

@@ -1,0 +1,51 @@
+"""Speed-up over the best exact dense form against budget, and cosine, from sparse_attention.py's JSON.
+
+    python benchmarks/plot_sparse.py benchmarks/results/2026-12-02-h200/sparse-attention.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main() -> None:
+    path = Path(sys.argv[1])
+    rows = [r for r in json.loads(path.read_text())["rows"] if "x_best_exact" in r]
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 7), squeeze=False)
+    styles = {"selected": "-", "window": "--", "radial": ":"}
+    colours = {"ditgate_plain": "C0", "ditgate_fp8": "C3", "flex": "C2"}
+    for col, model in enumerate(models):
+        for (consumer, pattern) in sorted({(r["row"], r["pattern"]) for r in rows if r["model"] == model}):
+            pts = sorted((r["budget"], r["x_best_exact"], r["cosine"]) for r in rows
+                         if r["model"] == model and r["row"] == consumer and r["pattern"] == pattern)
+            b, x, c = zip(*pts)
+            kw = dict(color=colours.get(consumer, "k"), linestyle=styles.get(pattern, "-"), marker="o",
+                      label=f"{consumer} / {pattern}")
+            axes[0][col].plot(b, x, **kw)
+            axes[1][col].plot(b, c, **kw)
+        best = next(r["best_exact"] for r in rows if r["model"] == model)
+        axes[0][col].axhline(1.0, color="grey", linewidth=0.8)
+        axes[0][col].set_title(f"{model}: speed-up over {best} (selection included)")
+        axes[0][col].set_ylabel("x best exact dense")
+        axes[1][col].set_ylabel("cosine to dense (random weights)")
+        for ax in axes[:, col]:
+            ax.set_xlabel("budget (share of video key tiles kept)")
+            ax.invert_xaxis()
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

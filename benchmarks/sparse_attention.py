@@ -1,0 +1,235 @@
+"""The sparse stage on activations captured from the real model classes, on the GPU.
+
+Per model (diffusers' own class at the published configuration with ``--layers`` blocks, random weights,
+bf16; the attach path captures the self-attention inputs of the last block through a capturing form):
+
+- exact dense rows: flash-attn-4 (where installed), cuDNN, and ditgate's kernel unquantized ("plain") and
+  FP8, all dense;
+- per budget 1.0 / 0.5 / 0.3 / 0.15 and per pattern (the per-call selector; the static window and radial
+  patterns): selection time, then plain / FP8 / compiled flex over the selection, each total = selection
+  + kernel, the speed-up over the best exact dense form, the selection overhead as a share of that
+  form's time, and the cosine to the exact dense output (float32 reference) on the captured call;
+- the whole path: ``attach(sparse=..., forms=["block_sparse"], measure=False)`` on the same model, the
+  forward time against the host and the output cosine.
+
+Random weights give near-uniform attention (no learned locality), so the cosines here are a floor for the
+selection's quality, not what trained weights give.
+
+    python benchmarks/sparse_attention.py --out DIR [--models wan-14b-480p-81f ltx-2b-1216x704x257]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import ditgate
+from ditgate.forms import AttentionInputs, create_forms
+from ditgate.forms.sdpa import SdpaCudnn
+from ditgate.gate import compare, environment
+from ditgate.gate.timing import time_once
+from ditgate.hosts import model_output
+from ditgate.kernels.quant_attention import KernelConfig, quant_attention
+from ditgate.models.presets import get_preset
+from ditgate.sparse.families import layouts_of_forward
+from ditgate.sparse.patterns import static_pattern
+from ditgate.sparse.selector import TileSelector
+from ditgate.kernels.lists import KeyBlockLists
+
+BUDGETS = (1.0, 0.5, 0.3, 0.15)
+BLOCK = 128
+
+
+class CaptureForm(SdpaCudnn):
+    """torch SDPA (its own backend choice) that keeps the last self-attention call's inputs."""
+
+    spec = dataclasses.replace(SdpaCudnn.spec, name="capture", devices=frozenset({"cuda", "cpu"}))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.captured = None
+
+    def _probe(self):
+        from ditgate.forms import Availability
+
+        return Availability(True, "", torch.__version__)
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        if inputs.query.shape[2] == inputs.key.shape[2]:
+            self.captured = (inputs.query.clone(), inputs.key.clone(), inputs.value.clone(), inputs.scale)
+        return torch.nn.functional.scaled_dot_product_attention(inputs.query, inputs.key, inputs.value,
+                                                                 scale=inputs.scale)
+
+
+DEVICE = torch.device("cuda")
+
+
+def bench(fn, n=10):
+    for _ in range(3):
+        fn()
+    t = [time_once(fn, DEVICE) for _ in range(n)]
+    return statistics.median(t)
+
+
+def build(preset_name: str, layers: int, dtype: torch.dtype, overrides: dict, geometry: dict):
+    preset = get_preset(preset_name)
+    preset = dataclasses.replace(preset, config={**preset.config, "num_layers": layers, **overrides},
+                                 geometry={**preset.geometry, **geometry})
+    from ditgate.models.presets import _FAMILY_CLASS
+
+    torch.manual_seed(0)
+    with DEVICE:
+        model = _FAMILY_CLASS[preset.family]()(**preset.config)
+    model = model.to(dtype).eval()
+    return preset, model, preset.inputs(model, DEVICE, dtype)
+
+
+def kernel_configs(d: int) -> list[KernelConfig]:
+    if DEVICE.type != "cuda":
+        return [KernelConfig(BLOCK, BLOCK, 4, 1)]
+    return [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 4, 3), KernelConfig(128, 128, 8, 2),
+            KernelConfig(128, 128, 4, 2)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="ditgate-out")
+    ap.add_argument("--models", nargs="+", default=["wan-14b-480p-81f", "ltx-2b-1216x704x257"])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run (TRITON_INTERPRET=1, tiny presets)")
+    ap.add_argument("--config", default="{}", help="JSON overrides of the model config (dry runs)")
+    ap.add_argument("--geometry", default="{}", help="JSON overrides of the preset's latent geometry (dry runs)")
+    ap.add_argument("--block", type=int, default=128)
+    args = ap.parse_args()
+    global DEVICE, BLOCK
+    DEVICE, BLOCK = torch.device(args.device), args.block
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(DEVICE)
+    rows: list[dict] = []
+    forms = create_forms(["fa4", "sdpa_cudnn", "flex"])
+
+    def save():
+        (out / "sparse-attention.json").write_text(json.dumps(
+            {"environment": env, "date": time.strftime("%Y-%m-%d"),
+             "command": "python benchmarks/sparse_attention.py " + " ".join(sys.argv[1:]), "rows": rows}, indent=2))
+
+    def row(**r):
+        rows.append(r)
+        print(r, flush=True)
+
+    for name in args.models:
+        preset, model, inputs = build(name, args.layers, dtype, json.loads(args.config), json.loads(args.geometry))
+        cap = CaptureForm()
+        plan = ditgate.attach(model, forms=["capture"], measure=False, extra_forms=[cap])
+        with torch.no_grad():
+            model(**inputs)
+        plan.detach()
+        q, k, v, scale = cap.captured
+        B, H, S, D = q.shape
+        layout = layouts_of_forward(model, (), inputs, need_grid=True).for_length(S)
+        print(name, tuple(q.shape), layout.source if layout else "no layout", flush=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale,
+                                                               enable_gqa=H != k.shape[1])
+        dense = {}
+        for fname, form in forms.items():
+            if fname == "flex" or not form.availability().available:
+                if fname != "flex":
+                    row(model=name, row=fname, status=form.availability().reason)
+                continue
+            x = AttentionInputs(q, k, v, scale=scale)
+            dense[fname] = bench(lambda: form.run(x))
+            row(model=name, row=fname, pattern="dense", budget=1.0, ms=dense[fname],
+                cosine=compare(form.run(x).float(), ref).cosine)
+        best_cfg = {}
+        for qk in ("plain", "fp8"):
+            times = {}
+            for cfg in kernel_configs(D):
+                try:
+                    times[cfg] = bench(lambda: quant_attention(q, k, v, qk=qk, scale=scale, config=cfg))
+                except Exception as exc:
+                    row(model=name, row=f"{qk} {cfg}", status=f"{type(exc).__name__}: {exc}"[:200])
+            best_cfg[qk] = min(times, key=times.get)
+            dense[f"ditgate_{qk}"] = times[best_cfg[qk]]
+            row(model=name, row=f"ditgate_{qk}", pattern="dense", budget=1.0, ms=times[best_cfg[qk]],
+                config=str(best_cfg[qk]),
+                cosine=compare(quant_attention(q, k, v, qk=qk, scale=scale, config=best_cfg[qk]).float(), ref).cosine)
+        exact = {n: t for n, t in dense.items() if n in ("fa4", "sdpa_cudnn")} or {"ditgate_plain": dense["ditgate_plain"]}
+        best_name = min(exact, key=exact.get)
+        best_ms = exact[best_name]
+        selector = TileSelector(BLOCK)
+        flex = forms["flex"]
+        for pattern in ("selected", "window", "radial"):
+            for budget in BUDGETS:
+                if pattern == "selected":
+                    def select(budget=budget):
+                        return selector.select(q, k, layout, budget)
+                    sel_ms = bench(select)
+                    lists = select()
+                else:
+                    keep = selector.keep_count(layout, budget)
+                    tiles = static_pattern(pattern, layout, BLOCK, budget, keep)
+                    lists = KeyBlockLists.from_tile_mask(tiles.to(DEVICE), B, H, BLOCK)
+                    sel_ms = 0.0  # computed once per layout and budget, then reused
+                if lists is None:  # full budget: the selector says dense
+                    row(model=name, row="selector", pattern=pattern, budget=budget, status="dense (budget keeps all)",
+                        selection_ms=sel_ms)
+                    continue
+                density = lists.density(S)
+                kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count)
+                consumers = {
+                    "ditgate_plain": lambda: quant_attention(q, k, v, qk="plain", scale=scale, config=best_cfg["plain"], **kw),
+                    "ditgate_fp8": lambda: quant_attention(q, k, v, qk="fp8", scale=scale, config=best_cfg["fp8"], **kw),
+                }
+                if flex.availability().available:
+                    x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
+                    consumers["flex"] = lambda: flex.run(x)
+                for cname, fn in consumers.items():
+                    try:
+                        ms = bench(fn)
+                        cos = compare(fn().float(), ref).cosine
+                    except Exception as exc:
+                        row(model=name, row=cname, pattern=pattern, budget=budget,
+                            status=f"{type(exc).__name__}: {exc}"[:200])
+                        continue
+                    total = ms + sel_ms
+                    row(model=name, row=cname, pattern=pattern, budget=budget, density=density, ms=ms,
+                        selection_ms=sel_ms, total_ms=total, x_best_exact=best_ms / total,
+                        best_exact=best_name, selection_share=sel_ms / best_ms, cosine=cos)
+        save()
+        # the whole path: attach with a sparse setting, forced onto ditgate's plain kernel
+        setting = ditgate.SparseSetting(ditgate.BudgetSchedule(0.3, dense_steps=0, dense_layers=0), block=BLOCK)
+        with torch.no_grad():
+            host_out = model_output(model(**inputs))
+            host_ms = bench(lambda: model(**inputs), n=5)
+            plan = ditgate.attach(model, forms=["block_sparse"], measure=False, sparse=setting)
+            sparse_out = model_output(model(**inputs))
+            sparse_ms = bench(lambda: model(**inputs), n=5)
+            served = sum(c.calls for s in plan.report().sites for c in s.routes if c.route == "block_sparse")
+            plan.detach()
+        row(model=name, row="attach(sparse=0.3, block_sparse)", host_ms=host_ms, ms=sparse_ms,
+            x_host=host_ms / sparse_ms, cosine=compare(sparse_out, host_out).cosine, sparse_calls=served)
+        save()
+        del model, q, k, v, ref, cap
+        torch.cuda.empty_cache()
+    print(f"{'model':<22}{'row':<16}{'pattern':<10}{'budget':>7}{'dens':>6}{'ms':>9}{'sel ms':>8}{'x best':>8}{'cos':>10}")
+    for r in rows:
+        if "ms" not in r:
+            print(f"{r['model']:<22}{r['row']:<16}{r.get('pattern', ''):<10} {r.get('status', '')}")
+            continue
+        print(f"{r['model']:<22}{r['row'][:15]:<16}{r.get('pattern', ''):<10}{r.get('budget', float('nan')):>7.2f}"
+              f"{r.get('density', float('nan')):>6.2f}{r.get('total_ms', r['ms']):>9.3f}"
+              f"{r.get('selection_ms', float('nan')):>8.3f}{r.get('x_best_exact', r.get('x_host', float('nan'))):>8.3f}"
+              f"{r.get('cosine', float('nan')):>10.6f}")
+
+
+if __name__ == "__main__":
+    main()

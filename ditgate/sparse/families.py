@@ -1,0 +1,104 @@
+"""Token layouts read from what each host family passes its denoiser, for families verified to pack so.
+
+A layout is only ever read from the arguments of the denoiser's forward (shapes, the latent grid, the
+text stream's length); it is never guessed from a sequence length. Verified here (and by
+``tests/test_sparse_families.py`` on the real classes: perturbing the text changes exactly the tokens
+the layout calls text at the first attention site):
+
+- Wan (``WanTransformer3DModel``): ``hidden_states`` [B, C, F, H, W] patchified by ``patch_size`` in
+  (frame, row, column) order; self-attention sees video tokens only (text enters by cross-attention).
+- LTX-Video (``LTXVideoTransformer3DModel``): packed ``hidden_states`` [B, F·H·W, C] with ``num_frames``,
+  ``height``, ``width`` given; self-attention sees video tokens only.
+- Flux (``FluxTransformer2DModel``): joint attention over the text stream first, then the image tokens
+  (both in the dual-stream blocks, which concatenate text before image, and in the single-stream
+  blocks); the image grid comes from ``img_ids`` (read once, only when a static pattern needs it).
+
+Any other class has no layout: its sites stay dense and say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .layout import TokenLayout
+
+
+@dataclass(frozen=True)
+class ForwardLayouts:
+    """The self-attention sequences one denoiser forward will attend over, or why none is known."""
+
+    layouts: tuple[TokenLayout, ...]
+    reason: str = ""
+
+    def for_length(self, n: int) -> TokenLayout | None:
+        for lay in self.layouts:
+            if lay.length == n:
+                return lay
+        return None
+
+
+def _arg(args: tuple, kwargs: dict, name: str, index: int):
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+def _wan(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
+        return ForwardLayouts((), "Wan: hidden_states is not a [B, C, F, H, W] tensor")
+    pt, ph, pw = model.config.patch_size
+    _, _, f, h, w = hs.shape
+    grid = (f // pt, h // ph, w // pw)
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), grid=grid,
+                                          source=f"Wan: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
+
+
+def _ltx(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    f, h, w = (kwargs.get(k) for k in ("num_frames", "height", "width"))
+    if not isinstance(hs, torch.Tensor) or None in (f, h, w):
+        return ForwardLayouts((), "LTX-Video: num_frames, height and width were not passed")
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    grid = (int(f) // pt, int(h) // p, int(w) // p)
+    if math.prod(grid) != hs.shape[1]:
+        return ForwardLayouts((), f"LTX-Video: grid {grid} does not cover {hs.shape[1]} tokens")
+    return ForwardLayouts((TokenLayout.of(("video", hs.shape[1]), grid=grid,
+                                          source=f"LTX-Video: latent grid {grid[0]}x{grid[1]}x{grid[2]}"),))
+
+
+def _flux(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
+    if not isinstance(hs, torch.Tensor) or not isinstance(ehs, torch.Tensor):
+        return ForwardLayouts((), "Flux: hidden_states / encoder_hidden_states missing")
+    n_img, n_txt = hs.shape[1], ehs.shape[1]
+    grid = None
+    ids = kwargs.get("img_ids")
+    if need_grid and isinstance(ids, torch.Tensor) and ids.shape[0] == n_img:
+        ids = ids[0] if ids.dim() == 3 else ids
+        rows = int(ids[:, 1].max().item()) + 1  # one device read per forward, only for static patterns
+        if rows > 0 and n_img % rows == 0:
+            grid = (1, rows, n_img // rows)
+    return ForwardLayouts((TokenLayout.of(("text", n_txt), ("image", n_img), grid=grid,
+                                          source=f"Flux: {n_txt} text tokens, then {n_img} image tokens"),))
+
+
+FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
+    "WanTransformer3DModel": _wan,
+    "LTXVideoTransformer3DModel": _ltx,
+    "FluxTransformer2DModel": _flux,
+}
+
+
+def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict, need_grid: bool = False) -> ForwardLayouts:
+    """The layouts of ``model``'s self-attention sequences for this forward's arguments."""
+    reader = FAMILIES.get(type(model).__name__)
+    if reader is None:
+        return ForwardLayouts((), f"no verified token layout for {type(model).__name__} "
+                                  f"(verified: {', '.join(FAMILIES)}); its attention stays dense")
+    return reader(model, args, kwargs, need_grid)

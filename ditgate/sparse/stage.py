@@ -1,0 +1,161 @@
+"""The sparse stage of one plan: which key tiles a self-attention call visits, or why it stays dense.
+
+``attach(..., sparse=SparseSetting(...))`` makes one ``SparseStage`` per plan. Per denoiser it installs
+a forward pre-hook (outside any compiled region of the model) that reads the token layouts of that
+forward from its arguments (``families.py``) and advances the step counter from its timestep. Sites
+then ask ``selection`` for their call: a ``Selection`` with key-block lists, or ``lists=None`` with the
+reason the call stays dense (no verified layout, cross-attention, a dense step or layer of the
+schedule, a sequence too short to hold two video tiles). Each reason is logged once per site and shape.
+
+Measuring: the gate asks with ``measuring=True`` and gets the schedule's sparse budget whatever the
+current step, so a site calibrated on a dense step is still measured as it will run on sparse steps.
+Whether sparsity pays at a sequence length is not assumed: the gate times the sparse forms (selection
+included) against the host at each site and shape, and refuses them where they do not win.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..forms import SPARSE_PRIORITY
+from ..kernels.lists import KeyBlockLists
+from .families import ForwardLayouts, layouts_of_forward
+from .layout import TokenLayout
+from .patterns import PATTERNS, static_pattern
+from .schedule import BudgetSchedule, StepCounter
+from .selector import TileSelector
+
+logger = logging.getLogger("ditgate")
+
+SELECTED = "selected"
+SPARSE_FORMS = SPARSE_PRIORITY
+
+
+@dataclass(frozen=True)
+class SparseSetting:
+    """What the caller asks of the sparse stage.
+
+    pattern: "selected" (tiles chosen per call from pooled Q·K), "window" or "radial" (static).
+    forms: the block-sparse consumers the gate may measure (each a bounded-error form).
+    """
+
+    schedule: BudgetSchedule = field(default_factory=BudgetSchedule)
+    pattern: str = SELECTED
+    block: int = 128
+    forms: tuple[str, ...] = SPARSE_FORMS
+
+    def __post_init__(self) -> None:
+        if self.pattern not in (SELECTED, *PATTERNS):
+            raise ValueError(f"pattern must be one of {(SELECTED, *PATTERNS)}, not {self.pattern!r}")
+        if self.block not in (16, 32, 64, 128):
+            raise ValueError(f"block must be 16, 32, 64 or 128 tokens, not {self.block}")
+        unknown = [f for f in self.forms if f not in SPARSE_FORMS]
+        if unknown or not self.forms:
+            raise ValueError(f"sparse forms must be among {SPARSE_FORMS}, got {list(self.forms)}")
+
+
+@dataclass(frozen=True)
+class Selection:
+    lists: KeyBlockLists | None
+    budget: float
+    reason: str = ""  # why dense, when lists is None
+
+
+def _layer_keys(paths: list[str]) -> dict[str, int]:
+    """Layer index per module path: the order in which block prefixes (``blocks.3``) first appear."""
+    layers: dict[str, int] = {}
+    out = {}
+    for path in paths:
+        m = re.match(r"(.*?\.\d+)(\.|$)", path)
+        key = m.group(1) if m else path
+        layers.setdefault(key, len(layers))
+        out[path] = layers[key]
+    return out
+
+
+class SparseStage:
+    def __init__(self, setting: SparseSetting) -> None:
+        self.setting = setting
+        self.selector = TileSelector(setting.block)
+        self._counters: dict[str, StepCounter] = {}
+        self._forward: dict[str, ForwardLayouts] = {}
+        self._denoiser_of: dict[str, str] = {}
+        self._layer_of: dict[str, int] = {}
+        self._patterns: dict[tuple, KeyBlockLists] = {}
+        self._said: set[tuple[str, str, str]] = set()
+
+    # --- wiring (by the plan) ----------------------------------------------------------------------
+    def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
+        """Hooks on one denoiser; returns the handles (the plan removes them on detach)."""
+        counter = self._counters[name] = StepCounter()
+        for path, layer in _layer_keys(module_paths).items():
+            self._denoiser_of[path] = name
+            self._layer_of[path] = layer
+        need_grid = self.setting.pattern != SELECTED
+
+        def pre(module, args, kwargs):
+            counter.hook(module, args, kwargs)
+            self._forward[name] = layouts_of_forward(module, args, kwargs, need_grid)
+            return None
+
+        return [model.register_forward_pre_hook(pre, with_kwargs=True)]
+
+    # --- per call ----------------------------------------------------------------------------------
+    def selection(self, site_name: str, module_path: str, role: str, q: torch.Tensor, k: torch.Tensor,
+                  measuring: bool) -> Selection:
+        schedule = self.setting.schedule
+        denoiser = self._denoiser_of.get(module_path)
+        layer = self._layer_of.get(module_path, 0)
+        if denoiser is None:
+            return self._dense(site_name, q, "site outside the plan's denoisers", 1.0)
+        if role == "cross" or q.shape[2] != k.shape[2]:
+            return self._dense(site_name, q, "cross-attention stays dense", 1.0)
+        if layer < schedule.dense_layers:
+            return self._dense(site_name, q, f"layer {layer} runs dense (schedule: first {schedule.dense_layers})", 1.0)
+        forward = self._forward.get(denoiser)
+        if forward is None:
+            return self._dense(site_name, q, "no forward seen yet, so no layout", 1.0)
+        layout = forward.for_length(q.shape[2])
+        if layout is None:
+            why = forward.reason or f"no layout covers a {q.shape[2]}-token sequence"
+            return self._dense(site_name, q, why, 1.0)
+        step = self._counters[denoiser].step
+        budget = schedule.budget if measuring else schedule.budget_for(max(step, 0), layer)
+        if budget >= 1.0:
+            return Selection(None, 1.0, f"dense at step {step} (schedule)")
+        if self.selector.geometry(layout, torch.device("cpu")).candidates < 2:
+            return self._dense(site_name, q, f"fewer than two whole video tiles of {self.setting.block} tokens", budget)
+        if self.setting.pattern == SELECTED:
+            lists = self.selector.select(q, k, layout, budget)
+        elif layout.grid is None:
+            return self._dense(site_name, q, f"the {self.setting.pattern} pattern needs the latent grid, "
+                                             f"which {layout.source or 'this layout'} does not give", budget)
+        else:
+            lists = self._static(layout, budget, q)
+        if lists is None:
+            return Selection(None, budget, f"budget {budget} keeps every tile")
+        return Selection(lists, budget)
+
+    def _static(self, layout: TokenLayout, budget: float, q: torch.Tensor) -> KeyBlockLists:
+        key = (layout, budget, q.shape[0], q.shape[1], str(q.device))
+        if key not in self._patterns:
+            keep = self.selector.keep_count(layout, budget)
+            tiles = static_pattern(self.setting.pattern, layout, self.setting.block, budget, keep)
+            self._patterns[key] = KeyBlockLists.from_tile_mask(tiles.to(q.device), q.shape[0], q.shape[1],
+                                                              self.setting.block)
+        return self._patterns[key]
+
+    def _dense(self, site_name: str, q: torch.Tensor, reason: str, budget: float) -> Selection:
+        key = (site_name, f"{tuple(q.shape)}", reason)
+        if key not in self._said:  # once per site and shape
+            self._said.add(key)
+            logger.info("ditgate sparse: %s %s stays dense: %s", site_name, tuple(q.shape), reason)
+        return Selection(None, budget, reason)
+
+    def layouts(self) -> dict[str, ForwardLayouts]:
+        """The layouts each denoiser's last forward declared (for explain and tests)."""
+        return dict(self._forward)

@@ -1,0 +1,54 @@
+"""Token layouts read from real diffusers classes (tiny configurations, random weights).
+
+A layout is right when the tokens it calls text are exactly the tokens of the first self-attention call
+that depend on the text: perturb only ``encoder_hidden_states`` and see which query rows move.
+"""
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.sparse.families import layouts_of_forward
+
+from .helpers import CaptureForm, Tiny
+
+
+def _first_self_queries(tiny: Tiny, **overrides) -> torch.Tensor:
+    cap = CaptureForm()
+    plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
+    try:
+        tiny.forward(**overrides)
+    finally:
+        plan.detach()
+    return cap.queries[0]
+
+
+@pytest.mark.parametrize("name, kinds", [("tiny-wan", {"video"}), ("tiny-ltx", {"video"}),
+                                         ("tiny-flux", {"text", "image"})])
+def test_the_layout_puts_every_text_token_where_the_model_keeps_it(name, kinds):
+    tiny = Tiny(name)
+    found = layouts_of_forward(tiny.model, (), tiny.inputs, need_grid=True)
+    assert not found.reason and len(found.layouts) == 1
+    layout = found.layouts[0]
+    assert {s.kind for s in layout.segments} == kinds
+    q = _first_self_queries(tiny)
+    assert q.shape[2] == layout.length  # the first attention call is a self-attention over exactly this
+    assert layout.grid is not None and layout.visual().end - layout.visual().start == torch.Size(layout.grid).numel()
+    other = tiny.inputs["encoder_hidden_states"] + 1.0
+    moved = (_first_self_queries(tiny, encoder_hidden_states=other) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+    text = torch.tensor([k == "text" for k in layout.token_kinds()])
+    assert torch.equal(moved, text)  # text rows move, video/image rows do not
+
+
+def test_flux_text_comes_first_then_the_image_grid():
+    tiny = Tiny("tiny-flux")
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs, need_grid=True).layouts[0]
+    n_txt = tiny.inputs["encoder_hidden_states"].shape[1]
+    assert layout.segments[0].kind == "text" and layout.segments[0].end == n_txt
+    assert layout.grid == (1, 4, 4)  # the 8x8 latent packed 2x2
+
+
+def test_an_unverified_family_has_no_layout_and_says_why():
+    tiny = Tiny("tiny-cogvideox")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    assert found.layouts == () and "CogVideoXTransformer3DModel" in found.reason and "dense" in found.reason

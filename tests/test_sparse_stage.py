@@ -1,0 +1,115 @@
+"""The sparse stage inside a plan: gating, the schedule, reasons, and the gate measuring sparse forms."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.gate.verdict import LESS_ACCURATE, UNSUPPORTED
+from ditgate.models.presets import get_preset
+from ditgate.hosts import model_output
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def _wan(frames=4, size=16):
+    base = get_preset("tiny-wan")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=frames, height=size, width=size))
+    model = preset.build()
+    return model, preset.inputs(model)  # 4 x 8 x 8 = 256 video tokens
+
+
+def _forward(model, inputs, t):
+    with torch.no_grad():
+        return model_output(model(**{**inputs, "timestep": torch.tensor([t])})).clone()
+
+
+def _routes(plan):
+    return {s.name: {(c.route, c.reason): c.calls for c in s.routes} for s in plan.report().sites}
+
+
+def _setting(**schedule):
+    return ditgate.SparseSetting(ditgate.BudgetSchedule(**{"budget": 0.3, "dense_steps": 0, "dense_layers": 0,
+                                                          **schedule}), block=16, forms=("flex_sparse",))
+
+
+def test_sparse_needs_a_profile_that_allows_bounded_forms():
+    model, _ = _wan()
+    with pytest.raises(ValueError, match="bounded"):
+        ditgate.attach(model, profile="quality", sparse=_setting())
+    with pytest.raises(TypeError, match="SparseSetting"):
+        ditgate.attach(model, profile="speed", sparse={"budget": 0.3})
+
+
+def test_the_schedule_keeps_the_first_steps_and_layers_dense_and_says_why():
+    model, inputs = _wan()
+    ref0, ref1 = _forward(model, inputs, 900), _forward(model, inputs, 800)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting(dense_steps=1, dense_layers=1))
+    out0 = _forward(model, inputs, 900)  # step 0: dense by the schedule
+    out1 = _forward(model, inputs, 800)  # step 1: layer 1 sparse, layer 0 dense
+    routes = _routes(plan)
+    plan.detach()
+    assert torch.equal(out0, ref0)
+    assert routes["blocks.0.attn1"] == {("host", "sparse: layer 0 runs dense (schedule: first 1)"): 2}
+    assert routes["blocks.1.attn1"] == {("host", "sparse: dense at step 0 (schedule)"): 1, ("flex_sparse", ""): 1}
+    assert ("host", "sparse: cross-attention stays dense") in routes["blocks.1.attn2"]
+    cos = torch.nn.functional.cosine_similarity(out1.flatten(), ref1.flatten(), 0)
+    assert not torch.equal(out1, ref1) and cos > 0.9  # the selection changed the result, boundedly
+
+
+def test_an_unverified_family_stays_dense_with_the_reason():
+    tiny = get_preset("tiny-cogvideox")
+    model = tiny.build()
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    with torch.no_grad():
+        model(**tiny.inputs(model))
+    reasons = {r for s in _routes(plan).values() for (_, r) in s}
+    plan.detach()
+    assert any("no verified token layout for CogVideoXTransformer3DModel" in r for r in reasons)
+
+
+def test_the_gate_measures_sparse_forms_only_where_a_setting_asks():
+    model, inputs = _wan()
+    plan = ditgate.attach(model, profile="balanced", forms=["sdpa_math", "flex_sparse"])
+    _forward(model, inputs, 900)
+    refusals = {(v.site, r.form): r for v in plan.chooser.verdicts.values() for r in v.refusals}
+    plan.detach()
+    assert refusals[("blocks.1.attn1", "flex_sparse")].kind == UNSUPPORTED
+    assert "no sparse setting" in refusals[("blocks.1.attn1", "flex_sparse")].detail
+
+    plan = ditgate.attach(model, profile="balanced", sparse=_setting())  # the setting names flex_sparse only
+    candidates = plan.chooser.candidates()
+    plan.detach()
+    assert "flex_sparse" in candidates and "fp8_sparse" not in candidates
+
+
+def test_the_gate_times_a_sparse_form_with_its_selection_at_self_sites():
+    model, inputs = _wan()
+    # random weights attend almost uniformly, so 30 % of the tiles keep about 95 % of the output: a floor
+    # of 0.9 lets the form through to its timing; balanced's 0.999 refuses it (next assertion)
+    loose = dataclasses.replace(ditgate.PROFILES["balanced"], forms=("flex_sparse",), rounds=2, whole_rounds=1,
+                                min_call_cosine=0.9, min_output_cosine=0.9)
+    strict = dataclasses.replace(loose, min_call_cosine=0.999)
+    plan = ditgate.attach(model, profile=strict, sparse=_setting())
+    _forward(model, inputs, 900)
+    refused = {r.form: r.kind for v in plan.chooser.verdicts.values() if v.site == "blocks.1.attn1" for r in v.refusals}
+    plan.detach()
+    assert refused["flex_sparse"] == LESS_ACCURATE
+    plan = ditgate.attach(model, profile=loose, sparse=_setting())
+    _forward(model, inputs, 900)
+    by_site = {v.site: v for v in plan.chooser.verdicts.values()}
+    plan.detach()
+    self_site, cross_site = by_site["blocks.1.attn1"], by_site["blocks.1.attn2"]
+    assert [m.form for m in self_site.measured] == ["flex_sparse"]
+    assert 0.9 < self_site.measured[0].cosine < 1.0  # measured against the host's dense output
+    cross = {r.form: r for r in cross_site.refusals}
+    assert cross["flex_sparse"].kind == UNSUPPORTED and "cross-attention" in cross["flex_sparse"].detail
+
+
+def test_without_a_setting_sparse_forms_are_not_candidates():
+    model, inputs = _wan(frames=2, size=8)
+    plan = ditgate.attach(model, profile="speed")
+    candidates = plan.chooser.candidates()
+    plan.detach()
+    assert "fp8" in candidates and not set(candidates) & set(ditgate.SparseSetting().forms)
