@@ -38,6 +38,12 @@ final)  # carry .whl .big/b: join, install; GPU tests; the quant kernel and the 
         --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{" | tail -34
     timeout 330 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
     ;;
+final-sparse)  # carry .whl .big/b: join, install; the sparse stage only (fa4's block-sparse path included)
+    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    timeout 400 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
+    ;;
 main)
     cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
     md5sum /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl

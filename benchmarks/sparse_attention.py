@@ -6,7 +6,7 @@ bf16; the attach path captures the self-attention inputs of the last block throu
 - exact dense rows: flash-attn-4 (where installed), cuDNN, and ditgate's kernel unquantized ("plain") and
   FP8, all dense;
 - per budget 1.0 / 0.5 / 0.3 / 0.15 and per pattern (the per-call selector; the static window and radial
-  patterns): selection time, then plain / FP8 / compiled flex over the selection, each total = selection
+  patterns): selection time, then plain / FP8 / compiled flex / fa4's block-sparse path over the selection, each total = selection
   + kernel, the speed-up over the best exact dense form, the selection overhead as a share of that
   form's time, and the cosine to the exact dense output (float32 reference) on the captured call;
 - the whole path: ``attach(sparse=..., forms=["block_sparse"], measure=False)`` on the same model, the
@@ -115,7 +115,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = environment(DEVICE)
     rows: list[dict] = []
-    forms = create_forms(["fa4", "sdpa_cudnn", "flex"])
+    forms = create_forms(["fa4", "sdpa_cudnn", "flex", "fa4_sparse"])
 
     def save():
         (out / "sparse-attention.json").write_text(json.dumps(
@@ -141,8 +141,8 @@ def main() -> None:
                                                                enable_gqa=H != k.shape[1])
         dense = {}
         for fname, form in forms.items():
-            if fname == "flex" or not form.availability().available:
-                if fname != "flex":
+            if fname in ("flex", "fa4_sparse") or not form.availability().available:
+                if fname not in ("flex", "fa4_sparse"):
                     row(model=name, row=fname, status=form.availability().reason)
                 continue
             x = AttentionInputs(q, k, v, scale=scale)
@@ -189,9 +189,11 @@ def main() -> None:
                     "ditgate_plain": lambda: quant_attention(q, k, v, qk="plain", scale=scale, config=best_cfg["plain"], **kw),
                     "ditgate_fp8": lambda: quant_attention(q, k, v, qk="fp8", scale=scale, config=best_cfg["fp8"], **kw),
                 }
+                x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
                 if flex.availability().available:
-                    x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
                     consumers["flex"] = lambda: flex.run(x)
+                if forms["fa4_sparse"].availability().available:
+                    consumers["fa4_sparse"] = lambda: forms["fa4_sparse"].run(x)
                 for cname, fn in consumers.items():
                     try:
                         ms = bench(fn)

@@ -58,3 +58,14 @@ def test_lists_from_a_tile_mask_mean_the_same_tiles():
 def test_a_pattern_without_a_grid_is_refused():
     with pytest.raises(ValueError, match="grid"):
         window_pattern(TokenLayout.of(("video", 64)), BLOCK, 2)
+
+
+def test_merging_query_blocks_visits_the_union_of_their_keys():
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.rand(1, 2, 5, 6, generator=g) < 0.4
+    fine = KeyBlockLists.from_block_mask(blocks, 16, 16)
+    coarse = fine.coarsen_queries(2, seq_q=80, seq_k=96)
+    assert coarse.block_m == 32 and coarse.kv_count.shape == (1, 2, 3)
+    want = torch.nn.functional.pad(blocks, (0, 0, 0, 1)).view(1, 2, 3, 2, 6).any(3)
+    assert torch.equal(coarse.tile_mask(96), want)
+    assert torch.all(coarse.token_mask(80, 96) >= fine.token_mask(80, 96))  # a superset, token by token

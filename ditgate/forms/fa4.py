@@ -6,11 +6,14 @@ the host's tensors were B, S, H, D to begin with (diffusers' dispatch convention
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
+import re
 
 import torch
 
-from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, Precision
+from ..kernels.lists import KeyBlockLists
+from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
 
 
 class FlashAttn4(Form):
@@ -65,3 +68,47 @@ class FlashAttn4(Form):
         if isinstance(out, tuple):
             out = out[0]
         return out.transpose(1, 2)
+
+
+class FlashAttn4Sparse(FlashAttn4):
+    """flash-attn-4's block-sparse path as the sparse stage's consumer: the selection's tiles become
+    "full" blocks (computed without a mask_mod). Where fa4's query tile is taller than the selection's
+    (it asks for a multiple of its own tile), query blocks are merged and visit the union of their keys."""
+
+    spec = dataclasses.replace(
+        FlashAttn4.spec, name="fa4_sparse", precision=Precision.BOUNDED, mask_kinds=frozenset({MaskKind.BLOCK}),
+        description="flash-attn-4 over the sparse stage's key-block lists (full blocks only)", backward=False,
+        error_bound="the attention mass of the key tiles not visited")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._q_factor: dict[tuple, int] = {}  # query-block merge factor fa4 accepted, per shape
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+        lists = inputs.attn_mask
+        if not isinstance(lists, KeyBlockLists):
+            raise TypeError(f"fa4_sparse needs KeyBlockLists as the mask, got {type(lists).__name__}")
+        q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
+        seq_q, seq_k = q.shape[1], k.shape[1]
+        key = (tuple(q.shape), tuple(k.shape), lists.block_m, lists.block_n)
+        factors = [self._q_factor[key]] if key in self._q_factor else [1, 2, 4]
+        for i, factor in enumerate(factors):
+            sel = lists.coarsen_queries(factor, seq_q, seq_k)
+            n_n = -(-seq_k // sel.block_n)
+            index = torch.nn.functional.pad(sel.kv_index[..., :n_n], (0, n_n - min(n_n, sel.kv_index.shape[-1])))
+            tensors = BlockSparseTensorsTorch(
+                mask_block_cnt=torch.zeros_like(sel.kv_count), mask_block_idx=torch.zeros_like(index),
+                full_block_cnt=sel.kv_count, full_block_idx=index, block_size=(sel.block_m, sel.block_n))
+            try:
+                out = self._fn(q, k, v, softmax_scale=inputs.scale, block_sparse_tensors=tensors)
+            except ValueError as exc:  # fa4 names the query block size it wants; try the next multiple
+                if i + 1 < len(factors) and re.search(r"sparse_block_size", str(exc)):
+                    continue
+                raise
+            self._q_factor[key] = factor
+            if isinstance(out, tuple):
+                out = out[0]
+            return out.transpose(1, 2)
+        raise AssertionError("unreachable")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .base import Form, FormInfo, envelope_of
-from .fa4 import FlashAttn4
+from .fa4 import FlashAttn4, FlashAttn4Sparse
 from .flex import FlexCompiled, FlexSparse
 from .quant import BlockSparseAttention, Fp8Attention, Fp8SparseAttention, Int8Attention, Int8SparseAttention
 from .sage import SageAttention
@@ -21,13 +21,13 @@ from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 EXACT_PRIORITY: tuple[str, ...] = ("fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "sdpa_math")
 BOUNDED_PRIORITY: tuple[str, ...] = ("fp8", "int8", "sage")
 # Block-sparse consumers: measured only for plans with a sparse setting (attach(..., sparse=...)).
-SPARSE_PRIORITY: tuple[str, ...] = ("block_sparse", "fp8_sparse", "int8_sparse", "flex_sparse")
+SPARSE_PRIORITY: tuple[str, ...] = ("fa4_sparse", "block_sparse", "fp8_sparse", "int8_sparse", "flex_sparse")
 
 _FORM_CLASSES: dict[str, type[Form]] = {
     cls.spec.name: cls
     for cls in (FlashAttn4, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention,
                 Fp8Attention, Int8Attention, Fp8SparseAttention, Int8SparseAttention, BlockSparseAttention,
-                FlexSparse)
+                FlexSparse, FlashAttn4Sparse)
 }
 
 

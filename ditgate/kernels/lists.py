@@ -27,13 +27,36 @@ class KeyBlockLists:
     @classmethod
     def from_tile_mask(cls, tiles: torch.Tensor, batch: int, heads: int, block: int) -> KeyBlockLists:
         """Lists from a bool [n, n] tile mask shared by every batch and head (a static pattern)."""
-        n = tiles.shape[0]
-        count = tiles.sum(1).to(torch.int32)
-        width = max(1, int(count.max()))
-        order = torch.argsort((~tiles).to(torch.int8), dim=1, stable=True)[:, :width]  # kept ids first, ascending
-        index = torch.where(torch.arange(width, device=tiles.device) < count[:, None], order, 0).to(torch.int32)
-        return cls(index.expand(batch, heads, n, width).contiguous(), count.expand(batch, heads, n).contiguous(),
-                   block, block)
+        return cls.from_block_mask(tiles.expand(batch, heads, *tiles.shape), block, block)
+
+    def tile_mask(self, seq_k: int) -> torch.Tensor:
+        """Bool [B, H, n_query_blocks, n_key_blocks]: which tiles these lists visit."""
+        B, H, n_m, L = self.kv_index.shape
+        n_n = _cdiv(seq_k, self.block_n)
+        blocks = torch.zeros(B, H, n_m, n_n + 1, dtype=torch.bool, device=self.kv_index.device)
+        take = torch.arange(L, device=self.kv_index.device) < self.kv_count[..., None]
+        blocks.scatter_(3, torch.where(take, self.kv_index.long(), n_n), True)  # unused slots: a spill column
+        return blocks[..., :n_n]
+
+    @classmethod
+    def from_block_mask(cls, blocks: torch.Tensor, block_m: int, block_n: int) -> KeyBlockLists:
+        """Lists from a bool [B, H, n_m, n_n] tile mask (each row ascending, padded to n_n slots)."""
+        count = blocks.sum(-1).to(torch.int32)
+        order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True)  # kept ids first, ascending
+        index = torch.where(torch.arange(blocks.shape[-1], device=blocks.device) < count[..., None], order, 0)
+        return cls(index.to(torch.int32).contiguous(), count.contiguous(), block_m, block_n)
+
+    def coarsen_queries(self, factor: int, seq_q: int, seq_k: int) -> KeyBlockLists:
+        """The same selection for query blocks ``factor`` times taller: each visits the union of the key
+        blocks of the query blocks it covers (a consumer whose query tile is larger sees a superset)."""
+        if factor == 1:
+            return self
+        blocks = self.tile_mask(seq_k)
+        B, H, n_m, n_n = blocks.shape
+        rows = _cdiv(seq_q, self.block_m * factor)
+        blocks = torch.nn.functional.pad(blocks, (0, 0, 0, rows * factor - n_m))
+        return KeyBlockLists.from_block_mask(blocks.view(B, H, rows, factor, n_n).any(3), self.block_m * factor,
+                                             self.block_n)
 
     def density(self, seq_k: int) -> float:
         """Fraction of (query block, key block) pairs visited, over every batch and head."""
@@ -41,14 +64,7 @@ class KeyBlockLists:
 
     def token_mask(self, seq_q: int, seq_k: int) -> torch.Tensor:
         """The boolean [B, H, Sq, Sk] mask these lists mean, token by token (for references and tests)."""
-        B, H, n_m, L = self.kv_index.shape
-        n_n = _cdiv(seq_k, self.block_n)
-        blocks = torch.zeros(B, H, n_m, n_n + 1, dtype=torch.bool, device=self.kv_index.device)
-        take = torch.arange(L, device=self.kv_index.device) < self.kv_count[..., None]
-        idx = torch.where(take, self.kv_index.long(), n_n)  # unused slots go to a spill column
-        blocks.scatter_(3, idx, True)
-        blocks = blocks[..., :n_n]
-        mask = blocks.repeat_interleave(self.block_m, 2).repeat_interleave(self.block_n, 3)
+        mask = self.tile_mask(seq_k).repeat_interleave(self.block_m, 2).repeat_interleave(self.block_n, 3)
         return mask[:, :, :seq_q, :seq_k]
 
     def to_flex_block_mask(self, seq_q: int, seq_k: int):
