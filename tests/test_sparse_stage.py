@@ -113,3 +113,18 @@ def test_without_a_setting_sparse_forms_are_not_candidates():
     candidates = plan.chooser.candidates()
     plan.detach()
     assert "fp8" in candidates and not set(candidates) & set(ditgate.SparseSetting().forms)
+
+
+def test_the_whole_model_check_judges_sparse_routes_as_they_run_on_sparse_steps():
+    model, inputs = _wan()
+    loose = dataclasses.replace(ditgate.PROFILES["balanced"], forms=("flex_sparse",), rounds=1, whole_rounds=1,
+                                min_call_cosine=0.9, min_output_cosine=0.9, min_speedup=1e-3,
+                                min_whole_ratio=1e-3)
+    # the first forward is step 0, dense by this schedule; the check must still see the sparse selections
+    plan = ditgate.attach(model, profile=loose, sparse=_setting(dense_steps=2))
+    _forward(model, inputs, 900)
+    checks = list(plan._whole)
+    routed = [v for v in plan.chooser.verdicts.values() if v.form == "flex_sparse"]
+    plan.detach()
+    assert routed and len(checks) == 1
+    assert checks[0].cosine < 0.99999  # a check on dense steps would have compared the host with itself

@@ -156,12 +156,16 @@ class Plan:
         args, kwargs = captured
         self._checking = True
         self.context.tally = False
+        if self.context.sparse is not None:
+            self.context.sparse.checking = True  # judge sparse routes as they run on sparse steps
         try:
             check = whole_model_check(name, self._prefix(name), lambda: model_output(model(*args, **kwargs)),
                                       self.chooser, _device_of(model))
         finally:
             self._checking = False
             self.context.tally = True
+            if self.context.sparse is not None:
+                self.context.sparse.checking = False
         self._whole.append(check)
         self._release_losers()
 

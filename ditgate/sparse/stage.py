@@ -8,7 +8,8 @@ reason the call stays dense (no verified layout, cross-attention, a dense step o
 schedule, a sequence too short to hold two video tiles). Each reason is logged once per site and shape.
 
 Measuring: the gate asks with ``measuring=True`` and gets the schedule's sparse budget whatever the
-current step, so a site calibrated on a dense step is still measured as it will run on sparse steps.
+current step, so a site calibrated on a dense step is still measured as it will run on sparse steps;
+the plan's whole-model check (run on the first, dense, step's inputs) sees the same selections.
 Whether sparsity pays at a sequence length is not assumed: the gate times the sparse forms (selection
 included) against the host at each site and shape, and refuses them where they do not win.
 """
@@ -91,6 +92,7 @@ class SparseStage:
         self._layer_of: dict[str, int] = {}
         self._patterns: dict[tuple, KeyBlockLists] = {}
         self._said: set[tuple[str, str, str]] = set()
+        self.checking = False  # set by the plan during its whole-model check: selections as when measuring
 
     # --- wiring (by the plan) ----------------------------------------------------------------------
     def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
@@ -112,6 +114,7 @@ class SparseStage:
     def selection(self, site_name: str, module_path: str, role: str, q: torch.Tensor, k: torch.Tensor,
                   measuring: bool) -> Selection:
         schedule = self.setting.schedule
+        measuring = measuring or self.checking
         denoiser = self._denoiser_of.get(module_path)
         layer = self._layer_of.get(module_path, 0)
         if denoiser is None:
