@@ -25,7 +25,7 @@ import torch
 
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.gate import compare, environment
-from ditgate.gate.timing import time_once
+from ditgate.gate.timing import warm_samples
 from ditgate.kernels.quant_attention import KernelConfig, quant_attention
 
 SHAPES = {"wan-14b-480p": (40, 32760, 128), "ltx-1216x704x257": (32, 27588, 64), "wan-1.3b-480p": (12, 32760, 128)}
@@ -43,9 +43,7 @@ def inputs(h, s, d, seed):
 
 
 def bench(fn, n=10):
-    for _ in range(3):
-        fn()
-    t = [time_once(fn, torch.device("cuda")) for _ in range(n)]
+    t = warm_samples(fn, torch.device("cuda"), n)
     return statistics.median(t), min(t), max(t)
 
 

@@ -34,7 +34,7 @@ import ditgate
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.forms.sdpa import SdpaCudnn
 from ditgate.gate import compare, environment
-from ditgate.gate.timing import time_once
+from ditgate.gate.timing import warm_samples
 from ditgate.hosts import model_output
 from ditgate.kernels.quant_attention import KernelConfig, quant_attention
 from ditgate.models.presets import get_preset
@@ -72,10 +72,7 @@ DEVICE = torch.device("cuda")
 
 
 def bench(fn, n=10):
-    for _ in range(3):
-        fn()
-    t = [time_once(fn, DEVICE) for _ in range(n)]
-    return statistics.median(t)
+    return statistics.median(warm_samples(fn, DEVICE, n))
 
 
 def build(preset_name: str, layers: int, dtype: torch.dtype, overrides: dict, geometry: dict):

@@ -15,7 +15,7 @@ import torch
 
 from ..forms import AttentionInputs, create_forms, describe_call
 from ..gate import compare
-from ..gate.timing import time_once
+from ..gate.timing import time_once, warm_samples
 from .bench_output import BenchRow
 
 
@@ -96,9 +96,7 @@ def bench_kernels(shapes: Sequence[KernelShape], form_names: Sequence[str] | Non
                 continue
             try:
                 cold = time_once(lambda: form.run(timing_in), device)
-                for _ in range(3):  # warm-up
-                    form.run(timing_in)
-                samples = [time_once(lambda: form.run(timing_in), device) for _ in range(warm)]
+                samples = warm_samples(lambda: form.run(timing_in), device, warm)
                 if ref is None:
                     ref = _reference(check_in)
                 acc = compare(form.run(check_in).float(), ref)

@@ -134,6 +134,11 @@ class FormSpec:
     package: str | None = None  # the distribution whose version a receipt records
     error_bound: str | None = None  # for bounded forms: the declared envelope of the error
 
+    @property
+    def takes_selection(self) -> bool:
+        """A block-sparse consumer: it serves key-block lists only, which the sparse stage supplies."""
+        return self.mask_kinds == frozenset({MaskKind.BLOCK})
+
 
 def spec_reasons(spec: FormSpec, call: AttentionCall) -> list[str]:
     """Reasons, from the declaration alone, why ``spec`` cannot serve ``call``."""

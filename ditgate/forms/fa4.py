@@ -96,8 +96,7 @@ class FlashAttn4Sparse(FlashAttn4):
         factors = [self._q_factor[key]] if key in self._q_factor else [1, 2, 4]
         for i, factor in enumerate(factors):
             sel = lists.coarsen_queries(factor, seq_q, seq_k)
-            n_n = -(-seq_k // sel.block_n)
-            index = torch.nn.functional.pad(sel.kv_index[..., :n_n], (0, n_n - min(n_n, sel.kv_index.shape[-1])))
+            index = sel.index_per_key_block(seq_k)
             tensors = BlockSparseTensorsTorch(
                 mask_block_cnt=torch.zeros_like(sel.kv_count), mask_block_idx=torch.zeros_like(index),
                 full_block_cnt=sel.kv_count, full_block_idx=index, block_size=(sel.block_m, sel.block_n))

@@ -3,8 +3,9 @@
 ``fp8``: FP8 Q·Kᵀ and FP8 P·V; ``int8``: INT8 Q·Kᵀ and FP8 P·V. Both bounded error (per-block
 quantization, see the kernel's docstring). ``fp8_sparse`` / ``int8_sparse`` / ``block_sparse`` (the
 same kernel unquantized, in the host's bf16/fp16) serve calls whose mask is a ``KeyBlockLists``
-selection (what the sparse stage produces) and nothing else; they are bounded because the selection is. The quantized copies of
-Q, K, V are the form's workspace, pooled per (shape, dtype, device, variant) across all sites of a plan.
+selection (what the sparse stage produces) and nothing else; they are bounded because the selection is.
+The quantized copies of Q, K, V are the form's workspace, pooled per (shape, dtype, device, variant)
+across all sites of a plan.
 """
 
 from __future__ import annotations

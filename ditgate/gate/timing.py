@@ -76,3 +76,10 @@ def paired_timing(host: Callable[[], object], form: Callable[[], object], device
         form_ms=statistics.median(form_ms),
         rounds=rounds,
     )
+
+
+def warm_samples(fn: Callable[[], object], device: torch.device, n: int, warmup: int = 3) -> list[float]:
+    """Milliseconds of ``n`` calls of ``fn``, each timed alone, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return [time_once(fn, device) for _ in range(n)]

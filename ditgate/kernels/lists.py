@@ -58,6 +58,12 @@ class KeyBlockLists:
         return KeyBlockLists.from_block_mask(blocks.view(B, H, rows, factor, n_n).any(3), self.block_m * factor,
                                              self.block_n)
 
+    def index_per_key_block(self, seq_k: int) -> torch.Tensor:
+        """``kv_index`` with exactly one slot per key block (flex's BlockMask and fa4 want that width)."""
+        n_n = _cdiv(seq_k, self.block_n)
+        index = self.kv_index[..., :n_n]
+        return torch.nn.functional.pad(index, (0, n_n - index.shape[-1]))
+
     def density(self, seq_k: int) -> float:
         """Fraction of (query block, key block) pairs visited, over every batch and head."""
         return float(self.kv_count.float().mean()) / _cdiv(seq_k, self.block_n)
@@ -74,9 +80,7 @@ class KeyBlockLists:
 
         if self.block_m != self.block_n:
             raise ValueError("flex block masks here use square blocks")
-        n_n = _cdiv(seq_k, self.block_n)
-        index = self.kv_index[..., :n_n]
-        index = torch.nn.functional.pad(index, (0, n_n - index.shape[-1]))  # flex wants one slot per key block
+        index = self.index_per_key_block(seq_k)
         zeros = torch.zeros_like(self.kv_count)
         return BlockMask.from_kv_blocks(zeros, torch.zeros_like(index), self.kv_count, index,
                                         BLOCK_SIZE=self.block_m, seq_lengths=(seq_q, seq_k))

@@ -287,8 +287,8 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
 
     qk: "fp8" (FP8 Q·Kᵀ, FP8 P·V), "int8" (INT8 Q·Kᵀ, FP8 P·V), or "plain" (no quantization: the
     host's bf16/fp16 tensors read in place through their strides, P in the same dtype, FP32
-    accumulation: the same block-sparse loop at the host's precision). kv_index: int32 [B, H, ceil(Sq / block_m), L] key-block ids per query block, each row's
-    first kv_count entries ascending; kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit.
+    accumulation: the same block-sparse loop at the host's precision). kv_index: int32 [B, H,
+    ceil(Sq / block_m), L] key-block ids per query block, each row's first kv_count entries ascending; kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit.
     Both or neither.
     """
     if qk not in QK_MODES:

@@ -101,7 +101,7 @@ class SiteRouter:
         call then stays dense: on the host when serving, a refusal when measuring). Other forms get
         the call unchanged.
         """
-        if form.spec.mask_kinds != frozenset({MaskKind.BLOCK}) or call.mask is not MaskKind.NONE:
+        if not form.spec.takes_selection or call.mask is not MaskKind.NONE:
             return call, inputs, ""
         stage = self.context.sparse
         if stage is None:

@@ -22,8 +22,8 @@ class StaticChooser:
         refusals = []
         for name in self.order:
             probe = call
-            block_only = site.context.forms[name].spec.mask_kinds == frozenset({MaskKind.BLOCK})
-            if block_only and call.mask is MaskKind.NONE and site.context.sparse is not None:
+            takes_selection = site.context.forms[name].spec.takes_selection
+            if takes_selection and call.mask is MaskKind.NONE and site.context.sparse is not None:
                 probe = dataclasses.replace(call, mask=MaskKind.BLOCK)  # the stage selects at serve time
             reasons = site.usable(name, probe)
             if not reasons:

@@ -11,7 +11,8 @@ the layout calls text at the first attention site):
   ``height``, ``width`` given; self-attention sees video tokens only.
 - Flux (``FluxTransformer2DModel``): joint attention over the text stream first, then the image tokens
   (both in the dual-stream blocks, which concatenate text before image, and in the single-stream
-  blocks); the image grid comes from ``img_ids`` (read once, only when a static pattern needs it).
+  blocks); the image grid comes from ``img_ids`` (one device read per forward, and only when a static
+  pattern needs the grid).
 
 Any other class has no layout: its sites stay dense and say so.
 """

@@ -41,11 +41,6 @@ def _tile_coordinates(layout: TokenLayout, block: int) -> torch.Tensor:
     return coords / torch.tensor([max(f, 1), max(h, 1), max(w, 1)], dtype=torch.float64)
 
 
-def _frame_distance(layout: TokenLayout, block: int) -> torch.Tensor:
-    c = _tile_coordinates(layout, block) * torch.tensor([layout.grid[0], 1, 1], dtype=torch.float64)
-    return (c[:, None, 0] - c[None, :, 0]).abs()
-
-
 def _finish(chosen: torch.Tensor, layout: TokenLayout, block: int) -> torch.Tensor:
     """Add what is always kept and drop padding keys: bool [n, n]."""
     sparse = layout.tile_sparsifiable(block)
@@ -71,7 +66,8 @@ def window_pattern(layout: TokenLayout, block: int, keep: int) -> torch.Tensor:
 def radial_pattern(layout: TokenLayout, block: int, budget: float) -> torch.Tensor:
     c = _tile_coordinates(layout, block)
     spatial = (c[:, None, 1:] - c[None, :, 1:]).abs().amax(-1)
-    band = torch.floor(torch.log2(1.0 + _frame_distance(layout, block)))
+    frames = (c[:, None, 0] - c[None, :, 0]).abs() * layout.grid[0]  # distance in frames
+    band = torch.floor(torch.log2(1.0 + frames))
     sparse = layout.tile_sparsifiable(block)
     rows = sparse.nonzero().flatten()
     candidates = int(sparse.sum())

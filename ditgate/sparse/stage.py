@@ -33,7 +33,6 @@ from .selector import TileSelector
 logger = logging.getLogger("ditgate")
 
 SELECTED = "selected"
-SPARSE_FORMS = SPARSE_PRIORITY
 # fa4_sparse has not run on a GPU yet (its block-sparse call is written from flash-attn-4 4.0.0b36's
 # interface): it is known and can be named, but a default setting does not measure it
 DEFAULT_SPARSE_FORMS = tuple(f for f in SPARSE_PRIORITY if f != "fa4_sparse")
@@ -58,9 +57,9 @@ class SparseSetting:
             raise ValueError(f"pattern must be one of {(SELECTED, *PATTERNS)}, not {self.pattern!r}")
         if self.block not in (16, 32, 64, 128):
             raise ValueError(f"block must be 16, 32, 64 or 128 tokens, not {self.block}")
-        unknown = [f for f in self.forms if f not in SPARSE_FORMS]
+        unknown = [f for f in self.forms if f not in SPARSE_PRIORITY]
         if unknown or not self.forms:
-            raise ValueError(f"sparse forms must be among {SPARSE_FORMS}, got {list(self.forms)}")
+            raise ValueError(f"sparse forms must be among {SPARSE_PRIORITY}, got {list(self.forms)}")
 
 
 @dataclass(frozen=True)
