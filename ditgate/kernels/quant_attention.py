@@ -229,7 +229,8 @@ def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int 
     if qk == "fp8" and head_dim >= 128:
         # fastest in three of four runs (27.3-28.2 ms at Wan-14B); once 47.8 ms: the one unsteady config
         return KernelConfig(128, 128, 4, 3)
-    # int8 with 128 x 128 tiles and four warps ran at 46-49 ms at head dim 128 in every run: 64-row tiles
+    # int8 with 128 x 128 tiles and four warps: 29.6 ms before the magic-number conversion, 46.6 and 48.8
+    # ms in both runs after it (64 x 128 tiles: 29.3-29.7 ms), so int8 takes 64-row tiles
     return KernelConfig(64, 128, 4, 3)
 
 
