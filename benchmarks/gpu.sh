@@ -5,6 +5,12 @@
 #   bash benchmarks/gpu.sh main          (carry .whl .big/b)   join, install, GPU tests, Wan attach, kernels
 #   bash benchmarks/gpu.sh quant         (carry .whl .big/b)   join, install, kernel tests, quant_kernel.py
 #   bash benchmarks/gpu.sh models        (no carry)            bench model: Wan 1.3B 480p, LTX 768x512x121
+#   bash benchmarks/gpu.sh kernels       (carry .whl .big/b)   join, install, GPU tests, kernel variants (TMA, warp spec.)
+#   bash benchmarks/gpu.sh sparse        (carry .whl .big/b)   join, install, the sparse stage, fa4_sparse included
+#   bash benchmarks/gpu.sh check-tall    (carry .whl .big/b)   join, install, GPU tests, then tall
+#   bash benchmarks/gpu.sh tall          (no carry)            fp8 / plain at 256- and 192-row query tiles
+#   bash benchmarks/gpu.sh crossover     (no carry, warm)      the gate's choice at growing sequence lengths
+# The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
 OUT=${OUT:-ditgate-out}
@@ -12,6 +18,11 @@ mkdir -p "$OUT"
 SITE=/tmp/site
 export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD"
 export PYTHONUNBUFFERED=1
+install() {  # join the two halves of the cutlass cu13 wheel (first half left in /tmp by prep), install all wheels
+    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+}
 case "$stage" in
 prep)
     cp .big/a/cu13.partaa /tmp/ && ls -la /tmp/cu13.partaa
@@ -29,9 +40,7 @@ prep-sparse)  # carry .big/a: keep the first half; the sparse stage on captured 
     timeout 500 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
     ;;
 final)  # carry .whl .big/b: join, install; GPU tests; the quant kernel and the sparse stage with fa4 alongside
-    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    install
     nvidia-smi --query-gpu=name,driver_version --format=csv
     timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -3 | tee "$OUT/pytest-gpu.txt"
     timeout 200 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --configs 0 1 3 5 \
@@ -39,16 +48,31 @@ final)  # carry .whl .big/b: join, install; GPU tests; the quant kernel and the 
     timeout 330 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
     ;;
 final-sparse)  # carry .whl .big/b: join, install; the sparse stage only (fa4's block-sparse path included)
-    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    install
     timeout 400 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
     ;;
+kernels)  # carry .whl .big/b: join, install; GPU tests; plain / fp8 / int8 at pointer, TMA and warp-specialized tiles
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    timeout 170 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -12 | tee "$OUT/pytest-gpu.txt"
+    timeout 390 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --modes fp8 int8 plain \
+        --configs 0 1 4 5 13 14 15 16 17 18 --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{" | tail -70
+    ;;
+sparse)  # carry .whl .big/b after prep: join, install; the sparse stage with fa4's block-sparse path
+    install
+    python3 -c "from flash_attn.cute import flash_attn_func; print('fa4 imports')" 2>&1 | tail -1
+    timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
+    ;;
+crossover)  # no carry, after `kernels` or `sparse`: where the gate starts choosing sparse forms, Wan-14B and LTX widths
+    [ -d "$SITE/flash_attn" ] || { echo "no $SITE: run kernels first, on the same warm machine"; exit 3; }
+    timeout 300 python3 benchmarks/sparse_crossover.py --out "$OUT" --model wan-14b-480p-81f --frames 1 2 3 5 9 13 21 \
+        2>&1 | tee "$OUT/sparse-crossover-wan.log" | grep -v "float32"
+    timeout 240 python3 benchmarks/sparse_crossover.py --out "$OUT" --model ltx-2b-1216x704x257 --frames 1 2 4 8 16 33 \
+        2>&1 | tee "$OUT/sparse-crossover-ltx.log" | grep -v "float32"
+    ;;
 main)
-    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    md5sum /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    install
     python3 -c "import torch, diffusers, triton; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
     python3 -m ditgate.cli.main doctor 2>&1 | tee "$OUT/doctor.txt"
     timeout 120 python3 -m pytest -q tests/test_gpu.py 2>&1 | tail -5 | tee "$OUT/pytest-gpu.txt"
@@ -57,12 +81,20 @@ main)
         wan-1.3b-480p wan-14b-480p --warm 15 --out "$OUT" 2>&1 | tail -60
     ;;
 quant)
-    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+    install
     timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -5 | tee "$OUT/pytest-gpu.txt"
     timeout 400 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --out "$OUT" \
         --configs-from /tmp/quant-best.json 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{"
+    ;;
+check-tall)  # carry .whl .big/b after prep: join, install; GPU tests (sparse consumers, fa4's included); then `tall`
+    install
+    timeout 170 python3 -m pytest -q -rs tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -12 | tee "$OUT/pytest-gpu.txt"
+    bash "$0" tall
+    ;;
+tall)  # no carry: fp8 and plain at taller query tiles (256 and 192 rows) against the 128-row defaults
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 400 python3 benchmarks/quant_kernel.py --shapes wan-14b-480p ltx-1216x704x257 --modes fp8 plain \
+        --configs 1 4 19 20 21 22 23 24 --out "$OUT" 2>&1 | tee "$OUT/quant-kernel.log" | grep -v "^{" | tail -40
     ;;
 quant-short)  # no carry: the quant kernel against cuDNN at the two target shapes, five configurations
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

@@ -34,7 +34,17 @@ TILES = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 4, 3), KernelConfi
          KernelConfig(128, 64, 4, 3, tma=True), KernelConfig(128, 128, 8, 2), KernelConfig(128, 128, 8, 4),
          KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3, tma=True), KernelConfig(128, 128, 4, 4),
          KernelConfig(64, 64, 4, 3)]
-CONFIGS = TILES
+# Triton's automatic warp specialization of the key loop (a Hopper pass in Triton 3.6), with and without TMA
+WARP_SPECIALIZED = [KernelConfig(128, 128, 8, 3, tma=True, warp_specialize=True),
+                    KernelConfig(128, 128, 4, 3, tma=True, warp_specialize=True),
+                    KernelConfig(128, 128, 8, 3, warp_specialize=True),
+                    KernelConfig(128, 64, 4, 3, tma=True, warp_specialize=True),
+                    KernelConfig(128, 128, 8, 2, tma=True, warp_specialize=True),
+                    KernelConfig(128, 128, 8, 2, tma=True)]
+# taller query tiles: K and V tiles loaded once for 256 query rows (two warpgroups of 128)
+TALL = [KernelConfig(256, 64, 8, 3), KernelConfig(256, 64, 8, 2), KernelConfig(256, 128, 8, 2),
+        KernelConfig(256, 64, 8, 3, tma=True), KernelConfig(256, 32, 8, 3), KernelConfig(192, 64, 8, 3)]
+CONFIGS = TILES + WARP_SPECIALIZED + TALL
 
 
 def inputs(h, s, d, seed):
@@ -55,6 +65,8 @@ def main() -> None:
     ap.add_argument("--best-out", default=None, help="write each shape's fastest configurations here (JSON)")
     ap.add_argument("--configs-from", default=None, help="read per-shape configurations from a --best-out file")
     ap.add_argument("--int8-configs", type=int, default=3, help="how many of fp8's fastest configurations int8 tries")
+    ap.add_argument("--modes", nargs="+", default=["fp8", "int8"], choices=["fp8", "int8", "plain"],
+                    help="kernel modes; plain is the unquantized bf16 path the sparse stage's block_sparse uses")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -87,14 +99,15 @@ def main() -> None:
             print(rows[-1], flush=True)
         best = {}
         tried = {}  # fp8 sweeps every configuration; int8 then tries fp8's fastest few
-        for qk in ("fp8", "int8"):
+        for qk in args.modes:
             pool = [CONFIGS[i] for i in args.configs] if args.configs else CONFIGS
             if args.configs_from and Path(args.configs_from).exists():
                 pool = [KernelConfig(**c) for c in json.loads(Path(args.configs_from).read_text()).get(name, [])] or pool
-            if qk == "int8":
+            if qk == "int8" and tried:
                 pool = sorted(tried, key=tried.get)[: args.int8_configs]
             for cfg in pool:
-                label = f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
+                label = (f"{qk} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
+                         + (" ws" if cfg.warp_specialize else ""))
                 try:
                     t0 = time.perf_counter()
                     quant_attention(q, k, v, qk=qk, config=cfg)
@@ -118,10 +131,11 @@ def main() -> None:
                     best[qk] = (cfg, row)
         for qk, (cfg, dense_row) in best.items():
             from ditgate.kernels.quant_attention import quantize
-            ms = bench(lambda: quantize(q, k, v, qk, d ** -0.5, cfg))
-            rows.append({"shape": name, "row": f"{qk} quantize only", "ms": ms[0], "min": ms[1], "max": ms[2],
-                         "x_own_dense_time": ms[0] / dense_row["ms"]})
-            print(rows[-1], flush=True)
+            if qk != "plain":
+                ms = bench(lambda: quantize(q, k, v, qk, d ** -0.5, cfg))
+                rows.append({"shape": name, "row": f"{qk} quantize only", "ms": ms[0], "min": ms[1], "max": ms[2],
+                             "x_own_dense_time": ms[0] / dense_row["ms"]})
+                print(rows[-1], flush=True)
             n_m, n_n = -(-s // cfg.block_m), -(-s // cfg.block_n)
             for density in (0.5, 0.25, 0.125):
                 keep = max(1, round(density * n_n))

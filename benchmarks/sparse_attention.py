@@ -92,7 +92,9 @@ def kernel_configs(d: int) -> list[KernelConfig]:
     if DEVICE.type != "cuda":
         return [KernelConfig(BLOCK, BLOCK, 4, 1)]
     return [KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 4, 3), KernelConfig(128, 128, 8, 2),
-            KernelConfig(128, 128, 4, 2)]
+            KernelConfig(128, 128, 4, 2), KernelConfig(128, 128, 8, 3, tma=True), KernelConfig(128, 128, 4, 3, tma=True),
+            KernelConfig(128, 128, 8, 3, tma=True, warp_specialize=True),
+            KernelConfig(128, 128, 4, 3, tma=True, warp_specialize=True)]
 
 
 def main() -> None:
@@ -157,7 +159,7 @@ def main() -> None:
             best_cfg[qk] = min(times, key=times.get)
             dense[f"ditgate_{qk}"] = times[best_cfg[qk]]
             row(model=name, row=f"ditgate_{qk}", pattern="dense", budget=1.0, ms=times[best_cfg[qk]],
-                config=str(best_cfg[qk]),
+                config=str(best_cfg[qk]), config_ms={str(c): t for c, t in times.items()},
                 cosine=compare(quant_attention(q, k, v, qk=qk, scale=scale, config=best_cfg[qk]).float(), ref).cosine)
         exact = {n: t for n, t in dense.items() if n in ("fa4", "sdpa_cudnn")} or {"ditgate_plain": dense["ditgate_plain"]}
         best_name = min(exact, key=exact.get)

@@ -53,3 +53,34 @@ def test_gated_attach_on_cuda_is_exact_after_detach():
     plan.detach()
     with torch.no_grad():
         assert torch.equal(model_output(model(**inputs)), host)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sparse_forms_equal_attention_under_the_expanded_mask(head_dim):
+    """Every available block-sparse consumer (ours, flex, fa4's) against float32 SDPA under the
+    token-expanded mask of one random selection (odd length: the tail block is partial)."""
+    from ditgate.kernels.lists import KeyBlockLists
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    S, H, block = 1000, 4, 128
+    q, k, v = (torch.randn(1, S, H, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+               for _ in range(3))
+    n = -(-S // block)
+    tiles = torch.rand(1, H, n, n, device="cuda", generator=gen) < 0.4
+    tiles |= torch.eye(n, dtype=torch.bool, device="cuda")  # every row keeps its diagonal
+    lists = KeyBlockLists.from_block_mask(tiles, block, block)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                           attn_mask=lists.token_mask(S, S))
+    dense = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    call = describe_call(q, k, v, lists, 0.0, False, False, torch.cuda.get_device_capability())
+    ran = []
+    for name in ("block_sparse", "fp8_sparse", "int8_sparse", "flex_sparse", "fa4_sparse"):
+        form = create_forms([name])[name]
+        if form.not_supported_reasons(call):
+            continue
+        out = form.run(AttentionInputs(q, k, v, attn_mask=lists)).float()
+        floor = 0.9999 if name in ("block_sparse", "flex_sparse", "fa4_sparse") else 0.998
+        assert compare(out, ref).cosine >= floor, name
+        assert compare(out, dense).cosine < compare(out, ref).cosine - 1e-3, name  # the selection mattered
+        ran.append(name)
+    assert "block_sparse" in ran

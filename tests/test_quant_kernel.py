@@ -19,7 +19,8 @@ REL_L2 = {"fp8": 0.15, "int8": 0.10, "plain": 0.01}
 CFG = KernelConfig(32, 32, 4, 1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # on a GPU the tile sizes the tensor cores take, with pointer and tensor-descriptor loads, are checked too
-GPU_VARIANTS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 4, 2, tma=True)]
+GPU_VARIANTS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 4, 2, tma=True),
+                KernelConfig(128, 128, 8, 3, tma=True, warp_specialize=True)]
 VARIANTS = [CFG] + (GPU_VARIANTS if DEVICE == "cuda" else [])
 MODES = ["fp8", "int8", "plain"]
 
@@ -59,8 +60,6 @@ def _rel(out, ref):
 @pytest.mark.parametrize("shape", [(1, 2, 2, 64, 64, 64), (1, 4, 2, 70, 97, 128), (2, 2, 1, 33, 40, 64)],
                          ids=["square", "gqa-cross-odd", "batch-gqa-odd"])
 def test_dense_matches_the_reference_within_the_bound(qk, shape, cfg):
-    if cfg.tma and qk == "plain":
-        pytest.skip("tensor-descriptor loads serve the quantized copies only")
     q, k, v = _qkv(*shape, seed=zlib.crc32(f"{qk}{shape}".encode()) % 1000, dtype=_dtype(qk))
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poison: every element written
     quant_attention(q, k, v, qk=qk, config=cfg, out=out)
@@ -93,8 +92,6 @@ def test_block_sparse_equals_the_reference_under_the_expanded_mask(qk):
 @pytest.mark.parametrize("cfg", VARIANTS, ids=str)
 @pytest.mark.parametrize("qk", MODES)
 def test_listing_every_block_in_order_is_bit_identical_to_dense(qk, cfg):
-    if cfg.tma and qk == "plain":
-        pytest.skip("tensor-descriptor loads serve the quantized copies only")
     B, H, SQ, SK, D = 1, 2, 70, 97, 64
     q, k, v = _qkv(B, H, H, SQ, SK, D, seed=3, dtype=_dtype(qk))
     n_m, n_n = -(-SQ // cfg.block_m), -(-SK // cfg.block_n)
@@ -156,9 +153,17 @@ def test_the_forms_route_a_tiny_model_under_a_profile_that_names_them():
     assert plan.forms["fp8"].resident_bytes() == 0
 
 
-@pytest.mark.parametrize("qk", ["fp8", "int8"])
+@pytest.mark.parametrize("qk", MODES)
 def test_tensor_descriptor_loads_give_the_same_result(qk):
-    q, k, v = _qkv(1, 4, 2, 70, 97, 64, seed=21)
-    plain = quant_attention(q, k, v, qk=qk, config=CFG)
+    # plain mode reads the host's strided B, S, H, D storage through 4-D descriptors (odd lengths, GQA)
+    q, k, v = _qkv(1, 4, 2, 70, 97, 64, seed=21, dtype=_dtype(qk))
+    pointers = quant_attention(q, k, v, qk=qk, config=CFG)
     tma = quant_attention(q, k, v, qk=qk, config=dataclasses.replace(CFG, tma=True))
-    assert torch.equal(plain, tma)
+    assert torch.equal(pointers, tma)
+
+
+def test_tensor_descriptor_loads_refuse_misaligned_strides():
+    q, k, v = _qkv(1, 2, 2, 40, 40, 64, seed=22, dtype=_dtype("plain"))
+    odd = torch.randn(1, 2, 40, 65, dtype=q.dtype, device=q.device)[..., :64]  # row stride of 130 bytes
+    with pytest.raises(ValueError, match="16-byte"):
+        quant_attention(q, k, odd, qk="plain", config=dataclasses.replace(CFG, tma=True))

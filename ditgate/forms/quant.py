@@ -74,7 +74,8 @@ class _QuantForm(Form):
             if lists.block_m != lists.block_n:
                 raise ValueError(f"{self.name} takes square key-block lists, got {lists.block_m}x{lists.block_n}")
             kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
-                      config=self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_m))
+                      config=self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_m,
+                                                         tensors=(q, inputs.key, inputs.value)))
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
                                             buffers=buffers, **kw)
 

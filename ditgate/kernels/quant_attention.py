@@ -83,8 +83,8 @@ def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.const
 
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, sks, skd, svs, svd, S_K, offs_n,
-                  offs_d,
+def _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, b, hk, k_base, v_base, ks_base, sks, skd, svs, svd, S_K,
+                  offs_n, offs_d, D: tl.constexpr,
                   BLOCK_N: tl.constexpr, LOG2_P_SCALE: tl.constexpr, TMA: tl.constexpr, MASK: tl.constexpr,
                   QUANT: tl.constexpr, INT_QK: tl.constexpr):
     """One key block into the running softmax (m_i is the row max in log2 units).
@@ -94,11 +94,15 @@ def _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, s
     in [0, 448] (l_i carries the same factor). Plain (bf16/fp16): K and V are read through the host's
     strides and P is cast to their dtype. The scale is folded into one FMA with the row max; the tail
     mask (and, plain, the masked loads) only where ``MASK`` says the block may reach past the keys.
+    Plain with TMA, K and V are 4-D descriptors over the host's [B, H, S, D] strides (rows past S come
+    back as zeros, so no masked loads at all).
     INT8 products become float by the magic-number trick (one integer add: the exact value |i| < 2**22
     sits in the mantissa of 1.5 * 2**23) instead of a slower int-to-float conversion."""
     cols = j * BLOCK_N + offs_n
-    if TMA:
+    if TMA and QUANT:
         k = K.load([k_base + j * BLOCK_N, 0])
+    elif TMA:
+        k = K.load([b, hk, j * BLOCK_N, 0]).reshape([BLOCK_N, D])
     elif QUANT or not MASK:
         k = tl.load(K + k_base + cols[:, None] * sks + offs_d[None, :] * skd)
     else:
@@ -119,17 +123,22 @@ def _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, s
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if TMA:
-        vt = V.load([v_base, j * BLOCK_N])
+    if TMA and QUANT:
+        v = tl.trans(V.load([v_base, j * BLOCK_N]))
+    elif TMA:
+        v = V.load([b, hk, j * BLOCK_N, 0]).reshape([BLOCK_N, D])
     elif QUANT or not MASK:
-        vt = tl.load(V + v_base + offs_d[:, None] * svd + cols[None, :] * svs)
+        v = tl.trans(tl.load(V + v_base + offs_d[:, None] * svd + cols[None, :] * svs))
     else:
-        vt = tl.load(V + v_base + offs_d[:, None] * svd + cols[None, :] * svs, mask=cols[None, :] < S_K, other=0.0)
+        v = tl.trans(tl.load(V + v_base + offs_d[:, None] * svd + cols[None, :] * svs, mask=cols[None, :] < S_K,
+                             other=0.0))
     if QUANT:
         pc = p.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    elif TMA:
+        pc = p.to(V.dtype)
     else:
         pc = p.to(V.dtype.element_ty)
-    acc = tl.dot(pc, tl.trans(vt), acc * alpha[:, None])
+    acc = tl.dot(pc, v, acc * alpha[:, None])
     return acc, l_i, m_new
 
 
@@ -137,7 +146,8 @@ def _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, s
 def _attn_kernel(Q, K, V, QS, KS, VS, O, KV_INDEX, KV_COUNT, sqb, sqh, sqs, sqd, skb, skh, sks, skd,
                  svb, svh, svs, svd, sob, soh, sos, sod, H, H_KV, S_Q, S_K, SQ_PAD, SK_PAD, n_m, n_n, max_list,
                  c_plain, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE: tl.constexpr,
-                 TMA: tl.constexpr, EVEN_K: tl.constexpr, QUANT: tl.constexpr, INT_QK: tl.constexpr):
+                 TMA: tl.constexpr, EVEN_K: tl.constexpr, QUANT: tl.constexpr, INT_QK: tl.constexpr,
+                 WARP_SPECIALIZE: tl.constexpr):
     # Quantized, Q / K / V are the padded copies ([B·H, S_PAD, D], V as [B·H, D, S_PAD]) as pointers or,
     # with TMA, 2-D tensor descriptors loaded by Hopper's bulk tensor copy engine. Plain, they are the
     # host's tensors, read through their strides.
@@ -168,8 +178,11 @@ def _attn_kernel(Q, K, V, QS, KS, VS, O, KV_INDEX, KV_COUNT, sqb, sqh, sqs, sqd,
         LOG2_P_SCALE: tl.constexpr = 0.0
         c_q = c_plain
         ks_base = 0
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd,
-                    mask=offs_m[:, None] < S_Q, other=0.0)
+        if TMA:
+            q = Q.load([b, h, pid_m * BLOCK_M, 0]).reshape([BLOCK_M, D])
+        else:
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd,
+                        mask=offs_m[:, None] < S_Q, other=0.0)
         k_base = b * skb + hk * skh
         v_base = b * svb + hk * svh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -185,17 +198,17 @@ def _attn_kernel(Q, K, V, QS, KS, VS, O, KV_INDEX, KV_COUNT, sqb, sqh, sqs, sqd,
         j = tl.load(row)  # every row has at least one slot; an empty row never uses it
     else:
         j = 0
-    for i in range(0, count - 1):
+    for i in tl.range(0, count - 1, warp_specialize=WARP_SPECIALIZE):
         if SPARSE:
             j_next = tl.load(row + i + 1)  # fetched one block ahead, so its latency hides behind this block
         else:
             j_next = i + 1
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, sks, skd, svs,
-                                      svd, S_K, offs_n, offs_d, BLOCK_N, LOG2_P_SCALE, TMA, False, QUANT, INT_QK)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, b, hk, k_base, v_base, ks_base, sks, skd,
+                                      svs, svd, S_K, offs_n, offs_d, D, BLOCK_N, LOG2_P_SCALE, TMA, False, QUANT, INT_QK)
         j = j_next
     if count > 0:
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, k_base, v_base, ks_base, sks, skd, svs,
-                                      svd, S_K, offs_n, offs_d, BLOCK_N, LOG2_P_SCALE, TMA, not EVEN_K, QUANT,
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, c_q, K, V, KS, j, b, hk, k_base, v_base, ks_base, sks, skd,
+                                      svs, svd, S_K, offs_n, offs_d, D, BLOCK_N, LOG2_P_SCALE, TMA, not EVEN_K, QUANT,
                                       INT_QK)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -212,25 +225,37 @@ class KernelConfig:
     num_warps: int = 8
     num_stages: int = 3
     tma: bool = False  # load Q/K/V tiles through tensor descriptors (Hopper's bulk copy engine)
+    # Triton's automatic warp specialization of the key loop (producer warps issue the loads, consumer
+    # warps the math, as FlashAttention-3 does by hand); a compiler pass for Hopper and Blackwell
+    warp_specialize: bool = False
 
 
-def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int | None = None) -> KernelConfig:
+def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int | None = None,
+                   tensors: tuple[torch.Tensor, ...] = ()) -> KernelConfig:
     """Tile configuration per mode and head dim, from the H200 sweeps (benchmarks/results/2026-12-02-h200).
 
-    ``block``: square tiles of this size (the block size of a sparse selection's lists)."""
+    ``block``: square tiles of this size (the block size of a sparse selection's lists). ``tensors``: the
+    call's Q, K, V; plain mode reads them through descriptors only where ``descriptor_ready`` says so."""
     if device_type != "cuda":
         b = block or 32
         return KernelConfig(b, b, 4, 1)  # interpreter: small tiles keep CPU tests quick
+    # plain mode reads the host's tensors through descriptors where they allow it: 43.5 against 44.8 ms
+    # at Wan-14B, 14.4 against 14.7 at LTX (benchmarks/results/2026-12-02-h200-s3). FP8 at head dim 64
+    # loads its own copies through descriptors: 11.5-12.0 ms at LTX in three runs, 12.3-12.8 without.
+    host_tma = qk == "plain" and bool(tensors) and descriptor_ready(*tensors)
+    tma = host_tma if qk == "plain" else qk == "fp8" and head_dim < 128
     if block is not None:
         warps = 8 if head_dim >= 128 and block >= 128 and qk != "fp8" else 4
-        return KernelConfig(block, block, warps, 3)
+        return KernelConfig(block, block, warps, 3, tma=tma)
     if qk == "plain":
-        return KernelConfig(128, 128, 8, 3) if head_dim >= 128 else KernelConfig(128, 128, 4, 3)
-    if qk == "fp8" and head_dim >= 128:
-        # fastest in three of four runs (27.3-28.2 ms at Wan-14B); once 47.8 ms: the one unsteady config
-        return KernelConfig(128, 128, 4, 3)
-    # int8 with 128 x 128 tiles and four warps: 29.6 ms before the magic-number conversion, 46.6 and 48.8
-    # ms in both runs after it (64 x 128 tiles: 29.3-29.7 ms), so int8 takes 64-row tiles
+        return KernelConfig(128, 128, 8 if head_dim >= 128 else 4, 3, tma=tma)
+    if qk == "fp8":
+        # fastest in four of five runs at Wan-14B (27.1-28.2 ms); once 47.8 ms: the one unsteady config
+        return KernelConfig(128, 128, 4, 3, tma=tma)
+    if head_dim < 128:
+        return KernelConfig(128, 128, 4, 3)  # int8 at LTX: 12.6 ms in two runs (64-row tiles 13.6)
+    # int8 at head dim 128 with 128 x 128 tiles and four warps: 29.6 ms before the magic-number conversion,
+    # 46.6, 48.8 and 49.0 ms in the three runs after it (64 x 128 tiles: 29.3-29.7 ms), so 64-row tiles
     return KernelConfig(64, 128, 4, 3)
 
 
@@ -280,6 +305,23 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None) ->
 QK_MODES = ("fp8", "int8", "plain")
 
 
+def descriptor_ready(*tensors: torch.Tensor) -> bool:
+    """Whether Hopper's bulk tensor copy can read these [B, H, S, D] tensors in place: the head dim
+    innermost and contiguous, the base and every other stride a multiple of 16 bytes."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(3) != 1 or t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:3]):
+            return False
+    return True
+
+
+def _host_descriptor(t: torch.Tensor, rows: int):
+    """A 4-D descriptor over the host's own strides; a tile is ``rows`` sequence positions of one head."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
+
+
 def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
                     scale: float | None = None, kv_index: torch.Tensor | None = None,
                     kv_count: torch.Tensor | None = None, config: KernelConfig | None = None,
@@ -304,10 +346,10 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
         raise ValueError(f"{H} query heads are not a multiple of {HK} key/value heads")
     if D not in (64, 128) or v.shape[3] != D or k.shape[3] != D:
         raise ValueError(f"head dims must be 64 or 128 and equal, got q {D}, k {k.shape[3]}, v {v.shape[3]}")
-    cfg = config or default_config(D, q.device.type, qk)
+    cfg = config or default_config(D, q.device.type, qk, tensors=(q, k, v))
     quant = qk != "plain"
-    if cfg.tma and not quant:
-        raise ValueError("tensor-descriptor loads serve the quantized copies only (qk='fp8' or 'int8')")
+    if cfg.tma and not quant and not descriptor_ready(q, k, v):
+        raise ValueError("tensor-descriptor loads need 16-byte aligned tensors and strides, head dim innermost")
     scale = D ** -0.5 if scale is None else float(scale)
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
     if out is None:
@@ -339,6 +381,8 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
             v_arg = TensorDescriptor.from_tensor(qz.vt.view(-1, qz.sk_pad), [D, cfg.block_n])
     else:
         q_arg, k_arg, v_arg = q, k, v
+        if cfg.tma:
+            q_arg, k_arg, v_arg = (_host_descriptor(t, cfg.block_m if t is q else cfg.block_n) for t in (q, k, v))
         scales = (out, out, out)  # unused placeholders
         pads = (n_m * cfg.block_m, n_n * cfg.block_n)
         strides = (*q.stride(), *k.stride(), *v.stride())
@@ -349,7 +393,7 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
         q_arg, k_arg, v_arg, *scales, out, kv_index, kv_count, *strides, *out.stride(),
         H, HK, SQ, SK, *pads, n_m, n_n, max_list, scale * LOG2E,
         D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPARSE=sparse, TMA=cfg.tma,
-        EVEN_K=SK % cfg.block_n == 0, QUANT=quant, INT_QK=qk == "int8",
+        EVEN_K=SK % cfg.block_n == 0, QUANT=quant, INT_QK=qk == "int8", WARP_SPECIALIZE=cfg.warp_specialize,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -33,9 +33,9 @@ from .selector import TileSelector
 logger = logging.getLogger("ditgate")
 
 SELECTED = "selected"
-# fa4_sparse has not run on a GPU yet (its block-sparse call is written from flash-attn-4 4.0.0b36's
-# interface): it is known and can be named, but a default setting does not measure it
-DEFAULT_SPARSE_FORMS = tuple(f for f in SPARSE_PRIORITY if f != "fa4_sparse")
+# every consumer; the gate measures those that are installed and usable (fa4_sparse checked against the
+# expanded-mask reference on the H200: tests/test_gpu.py, benchmarks/results/2026-12-02-h200-s3)
+DEFAULT_SPARSE_FORMS = SPARSE_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,7 @@ class SparseSetting:
     """What the caller asks of the sparse stage.
 
     pattern: "selected" (tiles chosen per call from pooled Q·K), "window" or "radial" (static).
-    forms: the block-sparse consumers the gate may measure (each a bounded-error form); ``fa4_sparse``
-        only when named.
+    forms: the block-sparse consumers the gate may measure (each a bounded-error form); by default all.
     """
 
     schedule: BudgetSchedule = field(default_factory=BudgetSchedule)
