@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu.sh kernels       (carry .whl .big/b)   join, install, GPU tests, kernel variants (TMA, warp spec.)
 #   bash benchmarks/gpu.sh sparse        (carry .whl .big/b)   join, install, the sparse stage, fa4_sparse included
 #   bash benchmarks/gpu.sh check-tall    (carry .whl .big/b)   join, install, GPU tests, then tall
+#   bash benchmarks/gpu.sh selector      (no carry)            the tile selector's parts, timed alone
 #   bash benchmarks/gpu.sh tall          (no carry)            fp8 / plain at 256- and 192-row query tiles
 #   bash benchmarks/gpu.sh crossover     (no carry, warm)      the gate's choice at growing sequence lengths
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
@@ -62,7 +63,9 @@ kernels)  # carry .whl .big/b: join, install; GPU tests; plain / fp8 / int8 at p
 sparse)  # carry .whl .big/b after prep: join, install; the sparse stage with fa4's block-sparse path
     install
     python3 -c "from flash_attn.cute import flash_attn_func; print('fa4 imports')" 2>&1 | tail -1
-    timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{"
+    timeout 60 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{"
+    timeout 480 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32"
     ;;
 crossover)  # no carry, after `kernels` or `sparse`: where the gate starts choosing sparse forms, Wan-14B and LTX widths
     [ -d "$SITE/flash_attn" ] || { echo "no $SITE: run kernels first, on the same warm machine"; exit 3; }
@@ -90,6 +93,9 @@ check-tall)  # carry .whl .big/b after prep: join, install; GPU tests (sparse co
     install
     timeout 170 python3 -m pytest -q -rs tests/test_gpu.py tests/test_quant_kernel.py 2>&1 | tail -12 | tee "$OUT/pytest-gpu.txt"
     bash "$0" tall
+    ;;
+selector)  # no carry: where the tile selector's time goes at the Wan-14B and LTX shapes
+    timeout 200 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{"
     ;;
 tall)  # no carry: fp8 and plain at taller query tiles (256 and 192 rows) against the 128-row defaults
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
