@@ -36,3 +36,20 @@ def test_demo_static_mode_routes_every_site(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "demo-tiny-ltx.json").read_text())
     assert all(s["serving"] == "sdpa_math" for s in data["sites"])
+
+
+def test_demo_with_the_sparse_stage_says_how_each_sparse_form_fared(tmp_path):
+    res = _ditgate("demo", "--models", "tiny-wan", "--sparse", "0.5", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "demo-tiny-wan.json").read_text())
+    assert data["profile"]["name"] == "speed"  # --sparse needs bounded forms: the speed profile by default
+    for site in data["sites"]:
+        verdict = site["verdicts"][0]
+        texts = {r["form"]: (r["kind"], r["detail"]) for r in verdict["refusals"]}
+        measured = {m["form"] for m in verdict["measured"]}
+        if site["role"] == "cross":
+            assert texts["flex_sparse"] == ("not supported", "sparse: cross-attention stays dense")
+        else:  # self-attention: the compiled flex consumer ran on the CPU and was judged, not skipped
+            assert "flex_sparse" in measured or texts["flex_sparse"][0] in ("less accurate", "slower")
+    refused = _ditgate("demo", "--models", "tiny-wan", "--sparse", "0.5", "--profile", "quality", "--out", str(tmp_path))
+    assert refused.returncode == 2 and "bounded" in refused.stderr

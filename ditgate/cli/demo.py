@@ -21,7 +21,9 @@ from ..models.presets import get_preset
 
 
 def demo(models: list[str], profile: str = "quality", forms: list[str] | None = None, static: bool = False,
-         device: str | None = None, out: str = "ditgate-out") -> int:
+         device: str | None = None, out: str = "ditgate-out", sparse=None) -> int:
+    """``sparse``: a ``SparseSetting``; its block-sparse forms join the candidates (bounded error, so the
+    profile must allow bounded forms) and each site's verdict says how they fared or why they stayed out."""
     console = Console(width=max(Console().width, 140))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -38,7 +40,7 @@ def demo(models: list[str], profile: str = "quality", forms: list[str] | None = 
             with torch.no_grad():
                 host = model_output(model(**inputs)).clone()
         with console.status(f"{name}: attaching and calibrating"):
-            plan = attach(model, profile=profile, forms=forms, measure=not static)
+            plan = attach(model, profile=profile, forms=forms, measure=not static, sparse=sparse)
             with torch.no_grad():
                 first = model_output(model(**inputs))
                 routed = model_output(model(**inputs))

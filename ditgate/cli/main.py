@@ -27,19 +27,38 @@ def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="attach ditgate to built-in tiny diffusers models and explain the plan")
     p.add_argument("--models", nargs="+", default=list(DEMO_PRESETS), choices=sorted(PRESETS), metavar="PRESET",
                    help=f"model presets (default: {' '.join(DEMO_PRESETS)})")
-    p.add_argument("--profile", default="quality", help="quality (default), balanced, speed")
+    p.add_argument("--profile", default=None, help="quality (default), balanced, speed (default with --sparse)")
     p.add_argument("--forms", nargs="+", default=None, help="candidate forms (outrank the profile)")
     p.add_argument("--static", action="store_true", help="no measuring: first usable form by priority")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", default="ditgate-out", help="folder for the JSON reports (default: ditgate-out)")
+    p.add_argument("--sparse", type=float, default=None, metavar="BUDGET",
+                   help="also run the sparse stage at this budget on every step and layer (block-sparse forms "
+                        "become candidates; the gate measures them and says why where they lose)")
+    p.add_argument("--sparse-block", type=int, default=16, help="tile size of the sparse stage (default 16: tiny models)")
     p.set_defaults(func=_run_demo)
 
 
 def _run_demo(args) -> int:
     from .demo import demo
 
-    return demo(args.models, profile=args.profile, forms=args.forms, static=args.static, device=args.device,
-                out=args.out)
+    sparse = None
+    if args.sparse is not None:
+        from ..sparse.schedule import BudgetSchedule
+        from ..sparse.stage import SparseSetting
+
+        try:
+            sparse = SparseSetting(BudgetSchedule(args.sparse, dense_steps=0, dense_layers=0), block=args.sparse_block)
+        except ValueError as exc:
+            print(f"ditgate demo: {exc}", file=sys.stderr)
+            return 2
+    profile = args.profile or ("speed" if sparse is not None else "quality")
+    try:
+        return demo(args.models, profile=profile, forms=args.forms, static=args.static, device=args.device,
+                    out=args.out, sparse=sparse)
+    except ValueError as exc:  # e.g. a sparse setting under a profile that allows exact forms only
+        print(f"ditgate demo: {exc}", file=sys.stderr)
+        return 2
 
 
 def _add_bench(sub) -> None:
