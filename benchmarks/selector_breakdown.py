@@ -26,6 +26,14 @@ from ditgate.gate.timing import warm_samples
 from ditgate.sparse.layout import TokenLayout
 from ditgate.sparse.selector import TileSelector, _pool
 
+class SortSelector(TileSelector):
+    """The same selector with the best tiles taken from a full row sort instead of ``topk``."""
+
+    @staticmethod
+    def _best(scores, keep):
+        return scores.sort(dim=-1, descending=True).indices[..., :keep]
+
+
 SHAPES = {"wan-14b-480p": (40, 32760, 128), "ltx-1216x704x257": (32, 27588, 64)}
 
 
@@ -45,7 +53,7 @@ def main() -> None:
         g = torch.Generator(device="cuda").manual_seed(3)
         q, k = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(2))
         layout = TokenLayout.video_then(s)
-        sel = TileSelector(args.block)
+        sel, sort_sel = TileSelector(args.block), SortSelector(args.block)
         geo = sel.geometry(layout, dev)
         n, keep = geo.n_tiles, sel.keep_count(layout, args.budget)
         qp, kp = _pool(q, args.block, n), _pool(k, args.block, n)
@@ -62,13 +70,17 @@ def main() -> None:
             return torch.matmul(avg, flat[0]).view(n, h, d).permute(1, 0, 2)
 
         err = (gemm_pool().float() - qp[0]).abs().max().item()
+        same = torch.equal(sel.select(q, k, layout, args.budget).kv_index, sort_sel.select(q, k, layout, args.budget).kv_index)
+        print(f"{name}: row-sort selection identical to topk's: {same}", flush=True)
         parts = {
             "select (whole)": lambda: sel.select(q, k, layout, args.budget),
             "pool q": lambda: _pool(q, args.block, n),
             "pool k": lambda: _pool(k, args.block, n),
             "scores (einsum + fixed)": lambda: torch.where(geo.fixed, geo.fixed_score,
                                                            torch.einsum("bhmd,bhnd->bhmn", qp, kp)),
-            "topk": lambda: scores.topk(keep, dim=-1),
+            "topk": lambda: scores.topk(keep, dim=-1, sorted=False),
+            "row sort, first keep": lambda: scores.sort(dim=-1, descending=True).indices[..., :keep],
+            "select with row sort": lambda: sort_sel.select(q, k, layout, args.budget),
             "pool q by bf16 GEMM": gemm_pool,
         }
         for part, fn in parts.items():

@@ -92,7 +92,7 @@ class TileSelector:
         qp, kp = _pool(q, bt, n), _pool(k, bt, n)
         scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n, D), kp).reshape(B, H, n, n)
         scores = torch.where(geo.fixed, geo.fixed_score, scores)  # only video key tiles compete; diagonal wins
-        chosen = scores.topk(keep, dim=-1, sorted=False).indices  # [B, H, n, keep], video tiles only
+        chosen = self._best(scores, keep)  # [B, H, n, keep], video tiles only
         # ascending lists without a sort: mark the kept tiles, then each kept tile's rank among its row's
         # kept tiles (a running count) is its slot; unkept tiles write to a spill slot that is cut off
         kept = torch.zeros(B, H, n, n, dtype=torch.bool, device=q.device).scatter_(-1, chosen, True) | geo.always
@@ -103,6 +103,11 @@ class TileSelector:
         counts = self._counts(layout, q.device, keep)
         return KeyBlockLists(index[..., :width].contiguous(), counts.expand(B, H, n).contiguous(),
                              self.block, self.block)
+
+    @staticmethod
+    def _best(scores: torch.Tensor, keep: int) -> torch.Tensor:
+        """Indices of the ``keep`` highest scores of each row (any order)."""
+        return scores.topk(keep, dim=-1, sorted=False).indices
 
     def _counts(self, layout: TokenLayout, device: torch.device, keep: int) -> torch.Tensor:
         """Tiles per query row: ``keep`` video tiles plus the pinned ones, or every non-padding tile."""
