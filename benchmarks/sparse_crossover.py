@@ -15,6 +15,7 @@ against plan.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -25,6 +26,7 @@ import torch
 
 import ditgate
 from ditgate.gate import compare, environment
+from ditgate.gate.profiles import PROFILES
 from ditgate.gate.timing import warm_samples
 from ditgate.hosts import model_output
 
@@ -54,9 +56,8 @@ def main() -> None:
     rows: list[dict] = []
     setting = ditgate.SparseSetting(ditgate.BudgetSchedule(args.budget, dense_steps=0, dense_layers=0),
                                     block=args.block, forms=tuple(args.sparse_forms))
-    profile = ditgate.gate.profiles.PROFILES["speed"]
+    profile = PROFILES["speed"]
     if args.min_call_cosine is not None:
-        import dataclasses
         profile = dataclasses.replace(profile, min_call_cosine=args.min_call_cosine, min_output_cosine=args.min_call_cosine)
     for frames in args.frames:
         preset, model, inputs = sparse_attention.build(args.model, args.layers, dtype, json.loads(args.config),

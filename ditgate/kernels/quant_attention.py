@@ -242,8 +242,10 @@ def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int 
     # plain mode reads the host's tensors through descriptors where they allow it: 43.5 against 44.8 ms
     # at Wan-14B, 14.4 against 14.7 at LTX (benchmarks/results/2026-12-02-h200-s3). FP8 at head dim 64
     # loads its own copies through descriptors: 11.5-12.0 ms at LTX in three runs, 12.3-12.8 without.
-    host_tma = qk == "plain" and bool(tensors) and descriptor_ready(*tensors)
-    tma = host_tma if qk == "plain" else qk == "fp8" and head_dim < 128
+    if qk == "plain":
+        tma = bool(tensors) and descriptor_ready(*tensors)
+    else:
+        tma = qk == "fp8" and head_dim < 128
     if block is not None:
         warps = 8 if head_dim >= 128 and block >= 128 and qk != "fp8" else 4
         return KernelConfig(block, block, warps, 3, tma=tma)
@@ -331,8 +333,8 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
     qk: "fp8" (FP8 Q·Kᵀ, FP8 P·V), "int8" (INT8 Q·Kᵀ, FP8 P·V), or "plain" (no quantization: the
     host's bf16/fp16 tensors read in place through their strides, P in the same dtype, FP32
     accumulation: the same block-sparse loop at the host's precision). kv_index: int32 [B, H,
-    ceil(Sq / block_m), L] key-block ids per query block, each row's first kv_count entries ascending; kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit.
-    Both or neither.
+    ceil(Sq / block_m), L] key-block ids per query block, each row's first kv_count entries ascending;
+    kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit. Both or neither.
     """
     if qk not in QK_MODES:
         raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
@@ -382,7 +384,8 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
     else:
         q_arg, k_arg, v_arg = q, k, v
         if cfg.tma:
-            q_arg, k_arg, v_arg = (_host_descriptor(t, cfg.block_m if t is q else cfg.block_n) for t in (q, k, v))
+            q_arg = _host_descriptor(q, cfg.block_m)
+            k_arg, v_arg = _host_descriptor(k, cfg.block_n), _host_descriptor(v, cfg.block_n)
         scales = (out, out, out)  # unused placeholders
         pads = (n_m * cfg.block_m, n_n * cfg.block_n)
         strides = (*q.stride(), *k.stride(), *v.stride())

@@ -27,8 +27,8 @@ class _Geometry:
     n_tiles: int
     candidates: int  # sparsifiable key tiles
     sparse: torch.Tensor  # bool [n] on the device
-    pinned_idx: torch.Tensor  # long [n_pinned] on the device
-    dense_idx: torch.Tensor  # long [n_not_padding] on the device
+    n_pinned: int  # pinned (non-video, non-padding) tiles: kept by every video row
+    width: int  # non-padding tiles: what a non-video row keeps, and the lists' length
     # fixed scores, one ``where`` per call: -inf for key tiles that do not compete (pinned, padding),
     # +inf on a video tile's diagonal (always kept)
     fixed: torch.Tensor  # bool [n, n]
@@ -64,8 +64,7 @@ class TileSelector:
             fixed_score = torch.where(diagonal, float("inf"), float("-inf"))
             self._geometry[key] = _Geometry(
                 n_tiles=n, candidates=int(sparse.sum()), sparse=sparse.to(device),
-                pinned_idx=torch.nonzero(pinned).flatten().to(device),
-                dense_idx=torch.nonzero(~pad).flatten().to(device),
+                n_pinned=int(pinned.sum()), width=int((~pad).sum()),
                 fixed=fixed.to(device), fixed_score=fixed_score.to(device),
                 always=(pinned[None, :] | (~sparse[:, None] & ~pad[None, :])).to(device),
                 columns=torch.arange(n, dtype=torch.int32, device=device))
@@ -96,7 +95,7 @@ class TileSelector:
         # ascending lists without a sort: mark the kept tiles, then each kept tile's rank among its row's
         # kept tiles (a running count) is its slot; unkept tiles write to a spill slot that is cut off
         kept = torch.zeros(B, H, n, n, dtype=torch.bool, device=q.device).scatter_(-1, chosen, True) | geo.always
-        width = geo.dense_idx.numel()
+        width = geo.width
         slot = torch.where(kept, kept.cumsum(-1, dtype=torch.int32) - 1, width).long()
         index = torch.zeros(B, H, n, width + 1, dtype=torch.int32, device=q.device)
         index.scatter_(-1, slot, geo.columns.expand(B, H, n, n))
@@ -114,6 +113,5 @@ class TileSelector:
         key = (layout, str(device), keep)
         if key not in self._count_cache:
             geo = self.geometry(layout, device)
-            self._count_cache[key] = torch.where(geo.sparse, keep + geo.pinned_idx.numel(),
-                                                 geo.dense_idx.numel()).to(torch.int32)
+            self._count_cache[key] = torch.where(geo.sparse, keep + geo.n_pinned, geo.width).to(torch.int32)
         return self._count_cache[key]

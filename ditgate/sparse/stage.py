@@ -33,9 +33,6 @@ from .selector import TileSelector
 logger = logging.getLogger("ditgate")
 
 SELECTED = "selected"
-# every consumer; the gate measures those that are installed and usable (fa4_sparse checked against the
-# expanded-mask reference on the H200: tests/test_gpu.py, benchmarks/results/2026-12-02-h200-s3)
-DEFAULT_SPARSE_FORMS = SPARSE_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -49,7 +46,9 @@ class SparseSetting:
     schedule: BudgetSchedule = field(default_factory=BudgetSchedule)
     pattern: str = SELECTED
     block: int = 128
-    forms: tuple[str, ...] = DEFAULT_SPARSE_FORMS
+    # every consumer by default; the gate measures those installed and usable (fa4_sparse checked against
+    # the expanded-mask reference on the H200: tests/test_gpu.py, benchmarks/results/2026-12-02-h200-s3)
+    forms: tuple[str, ...] = SPARSE_PRIORITY
 
     def __post_init__(self) -> None:
         if self.pattern not in (SELECTED, *PATTERNS):
