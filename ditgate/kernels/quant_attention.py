@@ -241,7 +241,7 @@ def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int 
         return KernelConfig(b, b, 4, 1)  # interpreter: small tiles keep CPU tests quick
     # plain mode reads the host's tensors through descriptors where they allow it: 43.5 against 44.8 ms
     # at Wan-14B, 14.4 against 14.7 at LTX (benchmarks/results/2026-12-02-h200-s3). FP8 at head dim 64
-    # loads its own copies through descriptors: 11.5-12.0 ms at LTX in three runs, 12.3-12.8 without.
+    # loads its own copies through descriptors: 11.5-12.0 ms at LTX in four runs, 12.3-12.8 without.
     if qk == "plain":
         tma = bool(tensors) and descriptor_ready(*tensors)
     else:
