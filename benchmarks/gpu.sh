@@ -11,6 +11,9 @@
 #   bash benchmarks/gpu.sh selector      (no carry)            the tile selector's parts, timed alone
 #   bash benchmarks/gpu.sh tall          (no carry)            fp8 / plain at 256- and 192-row query tiles
 #   bash benchmarks/gpu.sh crossover     (no carry, warm)      the gate's choice at growing sequence lengths
+#   bash benchmarks/gpu.sh hopper-first  (carry .whl)          no fa4: Hopper-schedule tests, then hopper_kernel.py
+#   bash benchmarks/gpu.sh hopper        (carry .whl .big/b)   join, install; GPU tests; hopper_kernel.py vs fa4; sparse stage
+#   bash benchmarks/gpu.sh final-s4      (carry .whl .big/b)   join, install; GPU tests; selector parts; sparse stage
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -24,7 +27,51 @@ install() {  # join the two halves of the cutlass cu13 wheel (first half left in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
 }
+smoke() {  # one small call per mode, under a short timeout: a schedule that deadlocks stops the run here
+    timeout 90 python3 - <<'PY' 2>&1 | tail -20
+import torch
+from ditgate.kernels.hopper_attention import hopper_attention
+q = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
+for schedule in (0, 1, 2):
+    for qk in ("plain", "fp8", "int8"):
+        out = hopper_attention(q, q, q, qk=qk, schedule=schedule)
+        torch.cuda.synchronize()
+        print(schedule, qk, "rel", ((out.float() - ref).norm() / ref.norm()).item(), flush=True)
+PY
+    return "${PIPESTATUS[0]}"
+}
+install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+}
 case "$stage" in
+hopper-first)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    smoke || exit 4
+    timeout 200 python3 -m pytest -q -x tests/test_hopper_kernel.py -k "not compiles" 2>&1 | tail -25 | tee "$OUT/pytest-hopper.txt"
+    timeout 330 python3 benchmarks/hopper_kernel.py --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/hopper-kernel.log" \
+        | grep -v "^{" | tail -40
+    ;;
+final-s4)  # carry .whl .big/b after prep: GPU tests (the Hopper schedule's included), selector parts, sparse stage
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 170 python3 -m pytest -q -rs tests/test_gpu.py tests/test_hopper_kernel.py -k "not compiles" 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -8 | tee "$OUT/pytest-gpu.txt"
+    timeout 60 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{" | tail -26
+    timeout 320 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32" | tail -12
+    ;;
+hopper)  # carry .whl .big/b after prep: join, install; the Hopper schedule against fa4; the sparse stage
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    timeout 100 python3 -m pytest -q tests/test_gpu.py 2>&1 | tail -4 | tee "$OUT/pytest-gpu.txt"
+    timeout 120 python3 benchmarks/hopper_kernel.py --out "$OUT" --modes plain fp8 --schedules 0 1 --no-triton \
+        2>&1 | tee "$OUT/hopper-kernel.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -24
+    timeout 420 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32" | tail -30
+    ;;
 prep)
     cp .big/a/cu13.partaa /tmp/ && ls -la /tmp/cu13.partaa
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv

@@ -1,8 +1,9 @@
 """Where the tile selector's time goes, on the GPU, at the Wan-14B and LTX long self-attention shapes.
 
 Per shape (bf16 random Q, K as B, S, H, D storage seen as B, H, S, D; one video layout, block 128):
-the whole ``TileSelector.select`` at budget 0.3, then its parts timed alone (pooling Q, pooling K, tile
-scores, top-k, list assembly), and one alternative pooling (a bf16 matrix product with a fixed
+the whole ``TileSelector.select`` at budget 0.3 through the torch path and through the two Triton
+kernels (the default on CUDA; whether both give the same lists is printed and recorded), then parts
+timed alone (pooling Q, pooling K, tile scores, top-k, each kernel), and one alternative pooling (a bf16 matrix product with a fixed
 [tiles, S] averaging matrix, fp32 accumulation), with its largest difference to the float32 pooled
 means. Medians of CUDA-event samples after warm-up; the fa4 dense time of each shape is in
 ``benchmarks/results``.
@@ -53,7 +54,8 @@ def main() -> None:
         g = torch.Generator(device="cuda").manual_seed(3)
         q, k = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(2))
         layout = TokenLayout.video_then(s)
-        sel, sort_sel = TileSelector(args.block), SortSelector(args.block)
+        sel, sort_sel = TileSelector(args.block, kernels=False), SortSelector(args.block, kernels=False)
+        fused = TileSelector(args.block)  # the default on CUDA: the two Triton kernels (kernels.tile_select)
         geo = sel.geometry(layout, dev)
         n, keep = geo.n_tiles, sel.keep_count(layout, args.budget)
         qp, kp = _pool(q, args.block, n), _pool(k, args.block, n)
@@ -72,8 +74,17 @@ def main() -> None:
         err = (gemm_pool().float() - qp[0]).abs().max().item()
         same = torch.equal(sel.select(q, k, layout, args.budget).kv_index, sort_sel.select(q, k, layout, args.budget).kv_index)
         print(f"{name}: row-sort selection identical to topk's: {same}", flush=True)
+        a, b = sel.select(q, k, layout, args.budget), fused.select(q, k, layout, args.budget)
+        used = torch.arange(a.kv_index.shape[-1], device=dev) < a.kv_count[..., None]
+        same_fused = torch.equal(a.kv_count, b.kv_count) and torch.equal(a.kv_index[used], b.kv_index[used])
+        print(f"{name}: Triton kernels' lists identical to the torch path's: {same_fused}", flush=True)
+        from ditgate.kernels.tile_select import choose_and_list, pool_tiles
         parts = {
             "select (whole)": lambda: sel.select(q, k, layout, args.budget),
+            "select (Triton kernels)": lambda: fused.select(q, k, layout, args.budget),
+            "pool q (kernel)": lambda: pool_tiles(q, args.block),
+            "choose and list (kernel)": lambda: choose_and_list(scores, geo.fixed_i8, geo.fixed_score, geo.always_i8,
+                                                                keep, geo.width),
             "pool q": lambda: _pool(q, args.block, n),
             "pool k": lambda: _pool(k, args.block, n),
             "scores (einsum + fixed)": lambda: torch.where(geo.fixed, geo.fixed_score,
@@ -85,7 +96,7 @@ def main() -> None:
         }
         for part, fn in parts.items():
             ms = t(fn)
-            rows.append({"shape": name, "part": part, "ms": ms, "tiles": n, "keep": keep,
+            rows.append({"shape": name, "part": part, "ms": ms, "tiles": n, "keep": keep, "fused_lists_identical": same_fused,
                          **({"max_abs_diff_to_fp32_mean": err} if "GEMM" in part else {})})
             print(rows[-1], flush=True)
         del q, k, flat, avg

@@ -4,9 +4,11 @@ Per model (diffusers' own class at the published configuration with ``--layers``
 bf16; the attach path captures the self-attention inputs of the last block through a capturing form):
 
 - exact dense rows: flash-attn-4 (where installed), cuDNN, and ditgate's kernel unquantized ("plain") and
-  FP8, all dense;
+  FP8, all dense; on Hopper also the plain mode's warp-specialized schedule ("ditgate_plain_hopper",
+  kernels.hopper_attention, the one the block_sparse form runs there);
 - per budget 1.0 / 0.5 / 0.3 / 0.15 and per pattern (the per-call selector; the static window and radial
-  patterns): selection time, then plain / FP8 / compiled flex / fa4's block-sparse path over the selection, each total = selection
+  patterns): selection time, then plain (both schedules) / FP8 / compiled flex / fa4's block-sparse path over the
+  selection, each total = selection
   + kernel, the speed-up over the best exact dense form, the selection overhead as a share of that
   form's time, and the cosine to the exact dense output (float32 reference) on the captured call;
 - the whole path: ``attach(sparse=..., forms=["block_sparse"], measure=False)`` on the same model, the
@@ -161,6 +163,12 @@ def main() -> None:
             row(model=name, row=f"ditgate_{qk}", pattern="dense", budget=1.0, ms=times[best_cfg[qk]],
                 config=str(best_cfg[qk]), config_ms={str(c): t for c, t in times.items()},
                 cosine=compare(quant_attention(q, k, v, qk=qk, scale=scale, config=best_cfg[qk]).float(), ref).cosine)
+        hopper = None
+        if DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] == 9 and BLOCK == 128:
+            from ditgate.kernels import hopper_attention as hopper
+            dense["ditgate_plain_hopper"] = bench(lambda: hopper.hopper_attention(q, k, v, qk="plain", scale=scale))
+            row(model=name, row="ditgate_plain_hopper", pattern="dense", budget=1.0, ms=dense["ditgate_plain_hopper"],
+                cosine=compare(hopper.hopper_attention(q, k, v, qk="plain", scale=scale).float(), ref).cosine)
         exact = {n: t for n, t in dense.items() if n in ("fa4", "sdpa_cudnn")} or {"ditgate_plain": dense["ditgate_plain"]}
         best_name = min(exact, key=exact.get)
         best_ms = exact[best_name]
@@ -188,6 +196,9 @@ def main() -> None:
                     "ditgate_plain": lambda: quant_attention(q, k, v, qk="plain", scale=scale, config=best_cfg["plain"], **kw),
                     "ditgate_fp8": lambda: quant_attention(q, k, v, qk="fp8", scale=scale, config=best_cfg["fp8"], **kw),
                 }
+                if hopper is not None:
+                    consumers["ditgate_plain_hopper"] = lambda: hopper.hopper_attention(q, k, v, qk="plain", scale=scale,
+                                                                                        **kw)
                 x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
                 if flex.availability().available:
                     consumers["flex"] = lambda: flex.run(x)

@@ -102,3 +102,44 @@ def test_the_flex_consumer_with_a_selection_equals_sdpa_under_the_expanded_mask(
     dense = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert (out - ref).abs().max() < 1e-4
     assert (out - dense).abs().max() > 1e-2  # the selection changed the output
+
+
+def _layouts():
+    yield _layout()  # video, text, padding: 13 tiles of 8
+    yield TokenLayout.video_then(96, (("text", 32),))  # text last
+    yield TokenLayout.video_then(203, ())  # video only, a partial last tile
+
+
+@pytest.mark.parametrize("budget", [0.2, 0.5, 0.8])
+def test_the_triton_kernels_give_the_torch_paths_lists(budget):
+    """The selector's two Triton kernels (interpreted here) against its torch path, Q stored B, S, H, D."""
+    pytest.importorskip("triton")
+    for n, lay in enumerate(_layouts()):
+        g = torch.Generator().manual_seed(n)
+        q = torch.randn(1, lay.length, 4, 16, generator=g).transpose(1, 2)
+        k = torch.randn(1, 2, lay.length, 16, generator=g)
+        want = TileSelector(B, kernels=False).select(q, k, lay, budget)
+        got = TileSelector(B, kernels=True).select(q, k, lay, budget)
+        assert torch.equal(got.kv_count, want.kv_count)
+        used = torch.arange(got.kv_index.shape[-1]) < got.kv_count[..., None]
+        assert torch.equal(torch.where(used, got.kv_index, -1), torch.where(used, want.kv_index, -1)), lay
+        assert torch.equal(got.kv_index[~used], torch.zeros_like(got.kv_index[~used]))  # unused slots written
+
+
+def test_the_kernel_keeps_exactly_the_budget_when_scores_tie():
+    pytest.importorskip("triton")
+    lay = _layout()
+    q = torch.ones(1, 4, lay.length, 16)  # every pooled score equal
+    lists = TileSelector(B, kernels=True).select(q, q[:, :2], lay, 0.3)
+    for m in range(10):
+        chosen = lists.kv_index[0, :, m, : lists.kv_count[0, 0, m]]
+        assert ((chosen < 10).sum(-1) == 3).all() and (chosen == m).any(-1).all()  # 3 video tiles, diagonal first
+
+
+def test_pooling_kernel_means_each_tile_and_the_partial_last():
+    pytest.importorskip("triton")
+    from ditgate.kernels.tile_select import pool_tiles
+    from ditgate.sparse.selector import _pool
+
+    x = torch.randn(2, 37, 3, 16).transpose(1, 2)
+    assert torch.allclose(pool_tiles(x, 8), _pool(x, 8, 5), atol=1e-6)

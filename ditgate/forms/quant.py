@@ -1,5 +1,8 @@
 """ditgate's own INT8/FP8 attention (``ditgate.kernels.quant_attention``) as forms, dense and block-sparse.
 
+On Hopper, ``block_sparse`` runs the warp-specialized schedule (``kernels.hopper_attention``) where
+it can read the host's storage; it measured faster there (see its ``serves``).
+
 ``fp8``: FP8 Q·Kᵀ and FP8 P·V; ``int8``: INT8 Q·Kᵀ and FP8 P·V. Both bounded error (per-block
 quantization, see the kernel's docstring). ``fp8_sparse`` / ``int8_sparse`` / ``block_sparse`` (the
 same kernel unquantized, in the host's bf16/fp16) serve calls whose mask is a ``KeyBlockLists``
@@ -34,6 +37,7 @@ class _QuantForm(Form):
     def __init__(self) -> None:
         super().__init__()
         self._kernel = None
+        self._hopper = None  # the warp-specialized schedule (kernels.hopper_attention), where it serves
         self._pool = None
 
     def _probe(self) -> Availability:
@@ -50,6 +54,12 @@ class _QuantForm(Form):
         except Exception as exc:
             return Availability(False, f"kernel failed to load: {type(exc).__name__}: {exc}", triton.__version__)
         self._kernel = quant_attention
+        if self.qk == "plain" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+            try:
+                from ..kernels import hopper_attention
+            except Exception:  # an older Triton without Gluon: the Triton schedule serves every call
+                hopper_attention = None
+            self._hopper = hopper_attention
         return Availability(True, "", triton.__version__)
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:
@@ -67,6 +77,7 @@ class _QuantForm(Form):
             return pool.get(shape, dtype, q.device, f"{variant}:{name}")
 
         kw = {}
+        lists = None
         if self.sparse:
             lists = inputs.attn_mask
             if not isinstance(lists, self._kernel.KeyBlockLists):
@@ -76,6 +87,11 @@ class _QuantForm(Form):
             kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
                       config=self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_m,
                                                          tensors=(q, inputs.key, inputs.value)))
+        hopper = self._hopper
+        if hopper is not None and hopper.serves(q, inputs.key, inputs.value, self.qk,
+                                                lists.block_m if lists is not None else None):
+            return hopper.hopper_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
+                                           kv_index=kw.get("kv_index"), kv_count=kw.get("kv_count"))
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
                                             buffers=buffers, **kw)
 

@@ -35,6 +35,8 @@ class _Geometry:
     fixed_score: torch.Tensor  # float32 [n, n]
     always: torch.Tensor  # bool [n, n]: pinned key tiles, and every non-padding tile of a non-video row
     columns: torch.Tensor  # int32 [n]: 0 .. n-1
+    fixed_i8: torch.Tensor  # ``fixed`` and ``always`` as int8, for the Triton kernels
+    always_i8: torch.Tensor
 
 
 def _pool(x: torch.Tensor, block: int, n: int) -> torch.Tensor:
@@ -47,8 +49,12 @@ def _pool(x: torch.Tensor, block: int, n: int) -> torch.Tensor:
 
 
 class TileSelector:
-    def __init__(self, block: int = 128) -> None:
+    """``kernels``: run the per-call work as two Triton kernels (``kernels.tile_select``) instead of the
+    torch path; by default on CUDA devices where Triton is installed. Both give the same lists."""
+
+    def __init__(self, block: int = 128, kernels: bool | None = None) -> None:
         self.block = block
+        self.kernels = kernels
         self._geometry: dict[tuple, _Geometry] = {}  # owned by this selector (one plan), never module-level
         self._count_cache: dict[tuple, torch.Tensor] = {}
 
@@ -62,12 +68,13 @@ class TileSelector:
             diagonal = torch.eye(n, dtype=torch.bool) & sparse[:, None]
             fixed = diagonal | ~sparse[None, :]
             fixed_score = torch.where(diagonal, float("inf"), float("-inf"))
+            always = pinned[None, :] | (~sparse[:, None] & ~pad[None, :])
             self._geometry[key] = _Geometry(
                 n_tiles=n, candidates=int(sparse.sum()), sparse=sparse.to(device),
                 n_pinned=int(pinned.sum()), width=int((~pad).sum()),
                 fixed=fixed.to(device), fixed_score=fixed_score.to(device),
-                always=(pinned[None, :] | (~sparse[:, None] & ~pad[None, :])).to(device),
-                columns=torch.arange(n, dtype=torch.int32, device=device))
+                always=always.to(device), columns=torch.arange(n, dtype=torch.int32, device=device),
+                fixed_i8=fixed.to(torch.int8).to(device), always_i8=always.to(torch.int8).to(device))
         return self._geometry[key]
 
     def keep_count(self, layout: TokenLayout, budget: float) -> int:
@@ -88,6 +95,14 @@ class TileSelector:
         if keep >= geo.candidates:
             return None
         n, bt = geo.n_tiles, self.block
+        counts = self._counts(layout, q.device, keep).expand(B, H, n).contiguous()
+        if self._use_kernels(q):
+            from ..kernels import tile_select
+
+            qp, kp = tile_select.pool_tiles(q, bt), tile_select.pool_tiles(k, bt)
+            scores = torch.matmul(qp.view(B, HK, H // HK * n, D), kp.transpose(-1, -2)).view(B, H, n, n)
+            index = tile_select.choose_and_list(scores, geo.fixed_i8, geo.fixed_score, geo.always_i8, keep, geo.width)
+            return KeyBlockLists(index, counts, self.block, self.block)
         qp, kp = _pool(q, bt, n), _pool(k, bt, n)
         scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n, D), kp).reshape(B, H, n, n)
         scores = torch.where(geo.fixed, geo.fixed_score, scores)  # only video key tiles compete; diagonal wins
@@ -99,9 +114,16 @@ class TileSelector:
         slot = torch.where(kept, kept.cumsum(-1, dtype=torch.int32) - 1, width).long()
         index = torch.zeros(B, H, n, width + 1, dtype=torch.int32, device=q.device)
         index.scatter_(-1, slot, geo.columns.expand(B, H, n, n))
-        counts = self._counts(layout, q.device, keep)
-        return KeyBlockLists(index[..., :width].contiguous(), counts.expand(B, H, n).contiguous(),
-                             self.block, self.block)
+        return KeyBlockLists(index[..., :width].contiguous(), counts, self.block, self.block)
+
+    def _use_kernels(self, q: torch.Tensor) -> bool:
+        if self.kernels is not None:
+            return self.kernels
+        if q.device.type != "cuda":
+            return False
+        import importlib.util
+
+        return importlib.util.find_spec("triton") is not None
 
     @staticmethod
     def _best(scores: torch.Tensor, keep: int) -> torch.Tensor:

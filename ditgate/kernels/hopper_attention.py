@@ -1,0 +1,447 @@
+"""The same attention as ``quant_attention`` (FP8, INT8 or plain Q·Kᵀ; block-sparse lists), scheduled by
+hand for Hopper in Gluon, Triton's explicit-layout dialect.
+
+Why a second schedule: Triton's compiler runs the loads, both products and the softmax of a key block in
+one instruction stream, so the tensor cores wait while the softmax runs. Here, as in FlashAttention-3,
+the work is split across warps (``gl.warp_specialize``): one producer partition issues every load
+through the bulk tensor copy engine (TMA) into a ring of shared-memory stages guarded by mbarriers, and
+two consumer warpgroups, 64 query rows each, run the products and the softmax on the same key blocks.
+While one warpgroup is in its softmax the other's products keep the tensor cores busy.
+
+Numerics are those of ``quant_attention``: the same quantized copies (``quantize``), the same score
+scale folded into one FMA with the row max, P in [0, 448] for FP8, INT8 products turned into floats
+by the magic-number add. The tail block (keys past the end) is masked only where it is visited, last
+(the lists ascend).
+
+Layouts: the host tensors are read in place through 2-D descriptors when they are either contiguous
+[B, H, S, D] or [B, S, H, D] storage seen as [B, H, S, D] (diffusers' ``view(...).transpose(1, 2)``);
+``host_layout`` says which, or None. Rows past a head's end belong to the next head or batch, so the
+scores of keys past S_K are masked and query rows past S_Q are never stored.
+
+Only for Hopper (sm_90): ``ready`` says whether a call can run here, and why not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .quant_attention import LOG2E, QK_MODES, KernelConfig, quantize
+
+BLOCK_Q = gl.constexpr(128)  # query rows per program: two consumer warpgroups of 64
+HALF = gl.constexpr(64)
+BLOCK_K = gl.constexpr(128)  # key rows per stage
+CONSUMER_REGS = gl.constexpr(240)
+ROWS_Q, ROWS_K = BLOCK_Q.value, BLOCK_K.value  # the same, as host-side ints
+SCHEDULES = (0, 1, 2)  # see _consume
+# fastest per mode on the H200 (benchmarks/results/2026-12-02-h200-s4): plain 33.0 ms at Wan-14B with the
+# overlap (1) against 39.1 serial (0) and 34.0 taking turns (2); FP8 and INT8 fastest serial
+DEFAULT_SCHEDULE = {"plain": 1, "fp8": 0, "int8": 0}
+
+
+@gluon.constexpr_function
+def _mma_layout(bits, n):
+    """Hopper's warpgroup accumulator layout for a 64 x n tile (four warps, 16 rows each)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 256 // bits])
+
+
+@gluon.jit
+def _produce(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count,
+             q_row, q_col, k_row, k_col, v_row, v_col,
+             STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr):
+    """The load partition: Q once, then each listed key block's K and V into the next free stage."""
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_smem)
+    nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    for i in range(count):
+        if SPARSE:
+            j = gl.load(row + i)
+        else:
+            j = i
+        st = i % STAGES
+        mbarrier.wait(kv_empty.index(st), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+        bar = kv_ready.index(st)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_K, k_col], bar, k_bufs.index(st))
+        if V_T:
+            tma.async_copy_global_to_shared(v_desc, [v_row, v_col + j * BLOCK_K], bar, v_bufs.index(st))
+        else:
+            tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_K, v_col], bar, v_bufs.index(st))
+
+
+@gluon.jit
+def _softmax_step(s, j, m_i, l_i, c, KS, ks_base, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr,
+                  INT_QK: gl.constexpr):
+    """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
+
+    Quantized: the score scale is the product of the blocks' scales and exp2 is shifted by log2 of P's
+    FP8 scale so that P lands in [0, 448] (l_i carries the same factor). INT8 products become float by
+    the magic-number add. ``MASK``: this may be the tail block (keys past S_K), masked where ``j`` is
+    the last key block. Only ever the last visited block (the lists ascend), so the loop body stays
+    free of the mask (ptxas turns the branch into selects on every element)."""
+    if QUANT:
+        c = c * gl.load(KS + ks_base + j)  # > 0, so max(raw · c) = max(raw) · c
+        LOG2_P_SCALE: gl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
+    else:
+        LOG2_P_SCALE: gl.constexpr = 0.0
+    if INT_QK:
+        raw = (s + 0x4B400000).to(gl.float32, bitcast=True)  # 12582912 + product, exactly
+        offset: gl.constexpr = 12582912.0
+    else:
+        raw = s
+        offset: gl.constexpr = 0.0
+    if MASK:
+        if j == n_n - 1:
+            cols = j * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, s.type.layout))
+            raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
+    m_new = gl.maximum(m_i, (gl.max(raw, axis=1) - offset) * c)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+    """P cast for the P·V product and laid out as its register operand."""
+    if pv_dtype.primitive_bitwidth == 8:
+        pc = p.to(pv_dtype, fp_downcast_rounding="rtne")
+    else:
+        pc = p.to(pv_dtype)
+    return gl.convert_layout(pc, gl.DotOperandLayout(0, o_layout, 32 // pv_dtype.primitive_bitwidth))
+
+
+@gluon.jit
+def _hold(x):
+    """An empty asm that reads ``x``: its registers stay x's until here. An in-flight product reads its
+    register operand (P) asynchronously; once P is dead to the compiler, ptxas may hand its registers to
+    the next softmax and must then wait for the product first, which undoes the overlap (it did)."""
+    return gl.inline_asm_elementwise("", "=r,0", [x], dtype=x.dtype, is_pure=False,
+                                     pack=32 // x.dtype.primitive_bitwidth)
+
+
+@gluon.jit
+def _v_operand(v_bufs, st, V_T: gl.constexpr):
+    if V_T:
+        return v_bufs.index(st).permute((1, 0))
+    else:
+        return v_bufs.index(st)
+
+
+@gluon.jit
+def _block_index(row, i, SPARSE: gl.constexpr):
+    if SPARSE:
+        return gl.load(row + i)
+    else:
+        return i
+
+
+@gluon.jit
+def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, acc, m_i, l_i, c_q, KS, ks_base, n_n, S_K,
+                 s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr,
+                 QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr):
+    """Schedule 0's block i: Q·Kᵀ, softmax, P·V, each waited for."""
+    j = _block_index(row, i, SPARSE)
+    st = i % STAGES
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+    s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q, KS, ks_base, n_n, S_K, MASK, QUANT, INT_QK)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc = warpgroup_mma(_as_operand(p, v_bufs.dtype, o_layout), _v_operand(v_bufs, st, V_T), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(kv_empty.index(st), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, acc, pd, m_i, l_i, c_q, KS, ks_base,
+                     n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr, STAGES: gl.constexpr,
+                     SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
+                     V_T: gl.constexpr, TURNS: gl.constexpr):
+    """Schedules 1 and 2: block i's Q·Kᵀ and block i-1's P·V (``pd``) issued together; block i's softmax
+    runs while P·V is on the tensor cores. The new P (fp32; the wait takes no 8-bit values) and row sum
+    go through the P·V wait as its dependencies, which keeps the compiler from sinking the softmax below
+    the wait (it did: every exp2 came after it). TURNS: take this warpgroup's turn to issue, then hand it to the other."""
+    j = _block_index(row, i, SPARSE)
+    st = i % STAGES
+    prev = (i - 1) % STAGES
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+    if TURNS:
+        mbarrier.wait(turn.index(PART), (i - 1) & 1)
+    s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
+    if TURNS:
+        mbarrier.arrive(turn.index(1 - PART), count=1)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q, KS, ks_base, n_n, S_K, MASK, QUANT, INT_QK)
+    acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
+    _hold(pd)
+    mbarrier.arrive(kv_empty.index(prev), count=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, _as_operand(p, v_bufs.dtype, o_layout), m_i, l_i
+
+
+@gluon.jit
+def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+             o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
+             PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
+             EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
+             SCHEDULE: gl.constexpr):
+    """A math partition: 64 query rows against every listed key block, then the normalized store.
+
+    SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
+    intra-warpgroup overlap (``_overlapped_step``). 2: as 1, with the two warpgroups taking turns to issue
+    their products (``turn``: one mbarrier per warpgroup), so that one's softmax falls under the other's
+    products instead of both competing for the exp2 units at once. The last visited block is stepped
+    apart, the only one that may need the tail mask."""
+    qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
+    pv_dtype: gl.constexpr = v_bufs.dtype
+    s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K)
+    o_layout: gl.constexpr = _mma_layout(pv_dtype.primitive_bitwidth, D)
+    if INT_QK:
+        s_zero = gl.zeros([HALF, BLOCK_K], gl.int32, s_layout)
+    else:
+        s_zero = gl.zeros([HALF, BLOCK_K], gl.float32, s_layout)
+    q_part = q_smem.slice(PART * HALF, HALF, dim=0)
+    if QUANT:
+        c_q = gl.load(QS + qs_index)
+    else:
+        c_q = c_plain
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([HALF, D], gl.float32, o_layout)
+    mbarrier.wait(q_ready, 0)
+    if SCHEDULE == 0:
+        for i in range(count - 1):
+            acc, m_i, l_i = _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, acc, m_i, l_i, c_q, KS,
+                                         ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK,
+                                         V_T)
+        if count > 0:
+            acc, m_i, l_i = _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, acc, m_i, l_i,
+                                         c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K,
+                                         QUANT, INT_QK, V_T)
+    elif count > 0:
+        j = _block_index(row, 0, SPARSE)
+        mbarrier.wait(kv_ready.index(0), 0)
+        s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q, KS, ks_base, n_n, S_K, not EVEN_K, QUANT, INT_QK)
+        pd = _as_operand(p, pv_dtype, o_layout)
+        for i in range(1, count - 1):
+            acc, pd, m_i, l_i = _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, acc, pd,
+                                                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART,
+                                                 STAGES, SPARSE, False, QUANT, INT_QK, V_T, SCHEDULE == 2)
+        if count > 1:
+            acc, pd, m_i, l_i = _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1,
+                                                 acc, pd, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout,
+                                                 PART, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, SCHEDULE == 2)
+        last = (count - 1) % STAGES
+        acc = warpgroup_mma(pd, _v_operand(v_bufs, last, V_T), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    if QUANT:
+        out = out * gl.load(VS + vs_base + offs_d)[None, :]  # acc and l_i both carry P's scale
+    rows = q_start + PART * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
+    ptrs = O + o_base + rows[:, None] * sos + offs_d[None, :] * sod
+    gl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < S_Q)[:, None])
+
+
+@gluon.jit
+def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
+                        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
+                        H, H_KV, S_Q, S_K, n_m, n_n, max_list, c_plain,
+                        D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
+                        QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
+                        SCHEDULE: gl.constexpr):
+    # One program per (128-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
+    # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // (H // H_KV)
+    bhk = b * H_KV + hk
+    q_start = pid_m * BLOCK_Q
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_Q, D], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_K, D], k_desc.layout)
+    if V_T:
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D, BLOCK_K], v_desc.layout)
+    else:
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_K, D], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=2)  # both consumers release a stage
+    if SPARSE:
+        count = gl.load(KV_COUNT + bh * n_m + pid_m)
+        row = KV_INDEX + (bh * n_m + pid_m) * max_list
+    else:
+        count = n_n
+        row = KV_INDEX
+    if SCHEDULE == 2:
+        mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
+    o_base = b * sob + h * soh
+    qs_index = bh * n_m + pid_m
+    ks_base = bhk * n_n
+    vs_base = bhk * D
+    gl.warp_specialize([
+        (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count,
+                    b * q_rb + h * q_rh + q_start, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch,
+                    b * v_rb + hk * v_rh, hk * v_ch, STAGES, SPARSE, V_T)),
+        (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                    o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
+                    0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE)),
+        (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                    o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
+                    1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE)),
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+@dataclass(frozen=True)
+class RowView:
+    """A [B, H, S, D] tensor as the 2-D [rows, columns] matrix a descriptor reads: row b·rb + h·rh + s,
+    first column h·ch."""
+
+    matrix: torch.Tensor
+    rb: int
+    rh: int
+    ch: int
+
+
+def host_layout(t: torch.Tensor) -> RowView | None:
+    """The 2-D view of a [B, H, S, D] tensor stored [B, H, S, D] or [B, S, H, D], or None."""
+    B, H, S, D = t.shape
+    sb, sh, ss, sd = t.stride()
+    size = t.element_size()
+    if sd != 1 or t.data_ptr() % 16 or (ss * size) % 16:
+        return None
+    if H == 1 or sh == S * ss:  # heads apart: [B, H, S, D] (any row stride, heads S rows apart)
+        if B == 1 or sb == H * S * ss:
+            return RowView(t.as_strided((B * H * S, D), (ss, 1)), H * S, S, 0)
+    if sh == D and ss >= H * D and (B == 1 or sb == S * ss):  # heads side by side: [B, S, H, D] storage
+        return RowView(t.as_strided((B * S, H * D), (ss, 1)), S, 0, D)
+    return None
+
+
+def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, block: int | None = None) -> bool:
+    """Whether ditgate's forms should run this call here rather than through the Triton schedule: plain
+    mode on Hopper, storage a descriptor can read, lists (if any) of 128-token blocks. Plain only: it is
+    where this schedule measured faster (33.0 against 43.4 ms at Wan-14B); FP8 and INT8 measured no
+    faster than the Triton kernel (26.9-28.3 against 27.1 ms), so those stay there."""
+    if qk != "plain" or block not in (None, ROWS_Q) or ready(q, k, v):
+        return False
+    return all(host_layout(t) is not None for t in (q, k, v))
+
+
+def ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """None where this schedule can take the call; otherwise why not."""
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "the warp-specialized schedule is written for Hopper (sm_90)"
+    if q.shape[3] not in (64, 128):
+        return f"head dim {q.shape[3]} (64 or 128)"
+    return None
+
+
+def _descriptor(view: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv,
+             torch.int8: gl.int8}[view.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def default_stages(head_dim: int, qk: str) -> int:
+    """Key/value stages that fit beside Q in 227 KB of shared memory."""
+    elem = 2 if qk == "plain" else 1
+    stage = 2 * ROWS_K * head_dim * elem
+    return max(2, min(4, (227 * 1024 - ROWS_Q * head_dim * elem - 1024) // stage))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything one call of the kernel takes: grid, positional arguments, compile-time flags."""
+
+    grid: tuple[int, int]
+    args: tuple
+    flags: dict
+
+
+def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
+                stages: int | None = None, schedule: int | None = None) -> Launch:
+    """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``) unless plain."""
+    B, H, SQ, D = q.shape
+    HK, SK = k.shape[1], k.shape[2]
+    n_m, n_n = -(-SQ // ROWS_Q), -(-SK // ROWS_K)
+    if qz is not None:
+        q_desc = _descriptor(qz.q.view(-1, D), [ROWS_Q, D])
+        k_desc = _descriptor(qz.k.view(-1, D), [ROWS_K, D])
+        v_desc = _descriptor(qz.vt.view(-1, qz.sk_pad), [D, ROWS_K])
+        rows = (H * qz.sq_pad, qz.sq_pad, 0, HK * qz.sk_pad, qz.sk_pad, 0, HK * D, D, 0)
+        scales = (qz.q_scale, qz.k_scale, qz.v_scale)
+    else:
+        views = [host_layout(t) for t in (q, k, v)]
+        if any(view is None for view in views):
+            raise ValueError("plain mode reads [B, H, S, D] or [B, S, H, D] storage with 16-byte aligned rows")
+        q_desc = _descriptor(views[0].matrix, [ROWS_Q, D])
+        k_desc = _descriptor(views[1].matrix, [ROWS_K, D])
+        v_desc = _descriptor(views[2].matrix, [ROWS_K, D])
+        rows = tuple(x for view in views for x in (view.rb, view.rh, view.ch))
+        scales = (out, out, out)  # unused placeholders
+    sparse = kv_index is not None
+    if sparse:
+        lists = (kv_index, kv_count, kv_index.shape[3])
+    else:
+        lists = (out, out, 0)
+    args = (q_desc, k_desc, v_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
+            H, HK, SQ, SK, n_m, n_n, lists[2], scale * LOG2E)
+    flags = dict(D=D, STAGES=stages or default_stages(D, qk), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
+                 QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule)
+    return Launch((n_m, B * H), args, flags)
+
+
+def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
+                     scale: float | None = None, kv_index: torch.Tensor | None = None,
+                     kv_count: torch.Tensor | None = None, stages: int | None = None,
+                     schedule: int | None = None, buffers=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``quant_attention``'s contract (B, H, S, D inputs; 128 x 128 blocks for the lists) on Hopper."""
+    if qk not in QK_MODES:
+        raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
+    if (kv_index is None) != (kv_count is None):
+        raise ValueError("kv_index and kv_count go together")
+    why = ready(q, k, v)
+    if why:
+        raise ValueError(why)
+    B, H, SQ, D = q.shape
+    HK = k.shape[1]
+    if H % HK:
+        raise ValueError(f"{H} query heads are not a multiple of {HK} key/value heads")
+    n_m = -(-SQ // ROWS_Q)
+    scale = D ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
+    if kv_index is not None:
+        if kv_index.shape[:3] != (B, H, n_m) or kv_count.shape != (B, H, n_m):
+            raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for 128-row blocks")
+        kv_index = kv_index.to(torch.int32).contiguous()
+        kv_count = kv_count.to(torch.int32).contiguous()
+    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_Q, ROWS_K), buffers)
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule)
+    _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
+    return out

@@ -1,0 +1,80 @@
+"""The tile selector's per-call work in two Triton kernels: pooling, and choosing plus listing.
+
+Why: the selector's torch path is a dozen small kernels (two strided means and a concatenation per
+tensor, a ``where``, ``topk``, a scatter, a cumulative sum, another scatter); at LTX's 27588 tokens they
+took 0.41 ms on the H200, 3.6 % of the dense attention, mostly launches and the strided means
+(benchmarks/results/2026-12-02-h200-s3/selector-breakdown.json). Here:
+
+- ``pool_tiles``: one program per (tile, batch · head) reads its rows through the caller's strides
+  and writes their float32 mean (the partial last tile by its real row count);
+- ``choose_and_list``: one program per (batch · head, query tile) applies the fixed scores, finds the
+  ``keep``-th best score of its row by a sort, keeps the tiles above it (ties at it in column order,
+  so exactly ``keep``), adds the always-kept tiles, and writes the row's ascending list at slots given
+  by a running count. Same lists as the torch path wherever scores do not tie.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pool_kernel(X, OUT, sxb, sxh, sxs, sxd, H, S, n, D: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = t * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    x = tl.load(X + (bh // H) * sxb + (bh % H) * sxh + rows[:, None] * sxs + cols[None, :] * sxd,
+                mask=rows[:, None] < S, other=0.0).to(tl.float32)
+    count = tl.minimum(S - t * BLOCK, BLOCK).to(tl.float32)
+    tl.store(OUT + (bh * n + t) * D + cols, tl.sum(x, axis=0) / count)
+
+
+def pool_tiles(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Float32 [B, H, n, D] mean of each ``block`` rows of a B, H, S, D tensor (any strides)."""
+    B, H, S, D = x.shape
+    n = -(-S // block)
+    out = torch.empty(B, H, n, D, dtype=torch.float32, device=x.device)
+    _pool_kernel[(n, B * H)](x, out, *x.stride(), H, S, n, D=D, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _choose_kernel(SCORES, FIXED, FIXED_SCORE, ALWAYS, INDEX, n, width, keep, N: tl.constexpr):
+    row = tl.program_id(0)  # (batch · head) · n + query tile
+    m = row % n
+    cols = tl.arange(0, N)
+    valid = cols < n
+    s = tl.load(SCORES + row * n + cols, mask=valid, other=float("-inf"))
+    fixed = tl.load(FIXED + m * n + cols, mask=valid, other=0) != 0
+    s = tl.where(fixed, tl.load(FIXED_SCORE + m * n + cols, mask=valid, other=float("-inf")), s)
+    s = tl.where(valid, s, float("-inf"))
+    ranked = tl.sort(s, descending=True)
+    threshold = tl.max(tl.where(cols == keep - 1, ranked, float("-inf")), axis=0)
+    above = s > threshold
+    ties = (s == threshold) & valid
+    room = keep - tl.sum(above.to(tl.int32), axis=0)
+    chosen = above | (ties & (tl.cumsum(ties.to(tl.int32), axis=0) <= room))
+    kept = (chosen | (tl.load(ALWAYS + m * n + cols, mask=valid, other=0) != 0)) & valid
+    running = tl.cumsum(kept.to(tl.int32), axis=0)
+    total = tl.sum(kept.to(tl.int32), axis=0)
+    base = INDEX + row * width
+    tl.store(base + cols, tl.zeros([N], tl.int32), mask=(cols >= total) & (cols < width))  # unused slots
+    tl.store(base + running - 1, cols.to(tl.int32), mask=kept)
+
+
+def choose_and_list(scores: torch.Tensor, fixed: torch.Tensor, fixed_score: torch.Tensor, always: torch.Tensor,
+                    keep: int, width: int) -> torch.Tensor:
+    """Int32 [B, H, n, width] ascending key-tile lists from float32 [B, H, n, n] pooled scores.
+
+    ``fixed`` / ``fixed_score`` / ``always`` are the layout's [n, n] geometry (see selector._Geometry;
+    the two masks as int8, nonzero meaning set);
+    ``keep`` the tiles chosen per row by score, ``width`` the lists' length."""
+    B, H, n, _ = scores.shape
+    scores = scores.contiguous()
+    index = torch.empty(B, H, n, width, dtype=torch.int32, device=scores.device)
+    _choose_kernel[(B * H * n,)](scores, fixed, fixed_score, always, index, n, width, keep,
+                                 N=triton.next_power_of_2(n), num_warps=4)
+    return index

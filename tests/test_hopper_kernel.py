@@ -1,0 +1,148 @@
+"""The warp-specialized Hopper schedule (``ditgate.kernels.hopper_attention``).
+
+On any machine: every mode and head dim compiles for sm_90 through Triton's own ptxas, with no register
+spills and within Hopper's shared memory (Gluon has no CPU interpreter, so this is what a CPU can check).
+On a Hopper GPU: outputs against a float64 reference, the block-sparse lists against the expanded mask,
+all blocks listed against dense bit for bit, and a row with an empty list giving zeros.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from ditgate.kernels import hopper_attention as ha  # noqa: E402
+from ditgate.kernels.hopper_compile import HOPPER_SMEM  # noqa: E402
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+REL_L2 = {"fp8": 0.06, "int8": 0.045, "plain": 0.01}  # sqrt(2 (1 - cosine)) of the H200 cosines (0.9985, 0.9992) plus margin
+
+
+def _compile_reports():
+    """Compiled in a child process without TRITON_INTERPRET (which conftest sets for the Triton tests),
+    with a fresh cache, so each run really compiles."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile"], capture_output=True, text=True,
+                             env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_every_variant_compiles_for_hopper_without_spills():
+    reports = _compile_reports()
+    assert {(r["qk"], r["head_dim"], r["sparse"]) for r in reports} == {
+        (qk, d, s) for qk in ("plain", "fp8", "int8") for d in (64, 128) for s in (False, True)}
+    for r in reports:
+        assert r["wgmma"] > 0 and r["setmaxnreg"] > 0, r  # tensor-core products; per-partition registers
+        assert r["shared_bytes"] <= HOPPER_SMEM and r["spill_bytes"] == 0, r
+
+
+def test_host_layouts():
+    bshd = torch.empty(2, 50, 3, 64, dtype=torch.bfloat16).transpose(1, 2)
+    view = ha.host_layout(bshd)
+    assert (view.rb, view.rh, view.ch) == (50, 0, 64) and view.matrix.shape == (100, 192)
+    bhsd = torch.empty(2, 3, 50, 64, dtype=torch.bfloat16)
+    view = ha.host_layout(bhsd)
+    assert (view.rb, view.rh, view.ch) == (150, 50, 0) and view.matrix.shape == (300, 64)
+    assert ha.host_layout(bhsd.transpose(2, 3)) is None  # head dim not innermost
+    assert ha.host_layout(torch.empty(2, 3, 50, 68, dtype=torch.bfloat16)[..., :64]) is None  # 136-byte rows
+    # a fused projection's chunk: rows 3·H·D apart, each head D wide
+    qkv = torch.empty(2, 50, 3 * 3 * 64, dtype=torch.bfloat16)
+    v = qkv[..., 2 * 192:].view(2, 50, 3, 64).transpose(1, 2)
+    view = ha.host_layout(v)
+    assert (view.rb, view.rh, view.ch) == (50, 0, 64) and view.matrix.stride() == (576, 1)
+    assert view.matrix.data_ptr() == v.data_ptr()
+
+
+def test_stages_fit_beside_q():
+    for D, qk in [(64, "plain"), (128, "plain"), (64, "fp8"), (128, "fp8")]:
+        elem = 2 if qk == "plain" else 1
+        stages = ha.default_stages(D, qk)
+        assert stages >= 2 and (stages * 2 + 1) * 128 * D * elem <= HOPPER_SMEM
+
+
+gpu = pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+
+
+def _qkv(B, H, HK, SQ, SK, D, seed, layout="bshd"):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def make(heads, s):
+        if layout == "bshd":
+            return torch.randn(B, s, heads, D, device="cuda", generator=g).bfloat16().transpose(1, 2)
+        return torch.randn(B, heads, s, D, device="cuda", generator=g).bfloat16()
+
+    return make(H, SQ), make(HK, SK), make(HK, SK)
+
+
+def _reference(q, k, v, mask=None):
+    q, k, v = (t.double() for t in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ha.SCHEDULES)
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
+@pytest.mark.parametrize("shape", [(1, 4, 4, 1000, 1000, 128), (2, 4, 2, 300, 77, 64), (1, 2, 1, 256, 384, 128)],
+                         ids=["odd", "gqa-cross", "even"])
+def test_matches_reference(shape, qk, layout, schedule):
+    q, k, v = _qkv(*shape, seed=sum(shape), layout=layout)
+    out = torch.full_like(q, float("nan"))
+    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule)
+    assert torch.isfinite(out).all()  # every row written
+    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ha.SCHEDULES)
+@pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
+def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule):
+    B, H, S, D = 1, 2, 1000, 64
+    q, k, v = _qkv(B, H, H, S, S, D, seed=7)
+    n = -(-S // 128)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    keep = torch.rand(B, H, n, n, device="cuda", generator=g) < 0.4
+    keep[..., -1] = True  # the partial tail block visited (last, masked)
+    keep[0, 0, 1] = False  # an empty row: zeros
+    count = keep.sum(-1).to(torch.int32)
+    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, schedule=schedule)
+    tokens = keep.repeat_interleave(128, 2).repeat_interleave(128, 3)[:, :, :S, :S]
+    ref = _reference(q, k, v, tokens)
+    assert _rel(out, ref) < REL_L2[qk]
+    assert torch.equal(out[0, 0, 128:256], torch.zeros_like(out[0, 0, 128:256]))
+    assert _rel(out, _reference(q, k, v)) > 0.05  # the selection changed the result
+    every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n, n).contiguous()
+    listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n),
+                                 schedule=schedule)
+    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, schedule=schedule))
+
+
+@gpu
+@pytest.mark.gpu
+def test_refuses_what_it_cannot_read():
+    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="storage"):
+        ha.hopper_attention(q, q.transpose(2, 3).contiguous().transpose(2, 3), q, qk="plain")
+    with pytest.raises(ValueError, match="head dim"):
+        ha.hopper_attention(q[..., :32], q[..., :32], q[..., :32], qk="fp8")
