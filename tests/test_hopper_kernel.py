@@ -6,6 +6,7 @@ On a Hopper GPU: outputs against a float64 reference, the block-sparse lists aga
 all blocks listed against dense bit for bit, and a row with an empty list giving zeros.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 REL_L2 = {"fp8": 0.06, "int8": 0.045, "plain": 0.01}  # sqrt(2 (1 - cosine)) of the H200 cosines (0.9985, 0.9992) plus margin
 
 
+@functools.lru_cache(maxsize=1)  # one compile of every variant serves the tests that read the reports
 def _compile_reports():
     """Compiled in a child process without TRITON_INTERPRET (which conftest sets for the Triton tests),
     with a fresh cache, so each run really compiles."""
@@ -43,6 +45,47 @@ def test_every_variant_compiles_for_hopper_without_spills():
     for r in reports:
         assert r["wgmma"] > 0 and r["setmaxnreg"] > 0, r  # tensor-core products; per-partition registers
         assert r["shared_bytes"] <= HOPPER_SMEM and r["spill_bytes"] == 0, r
+
+
+def test_fp8_p_reaches_its_product_without_moving_between_threads():
+    """The FP8 P·V operand is built in each thread's own registers (keys reordered, V stored to match):
+    no more warp shuffles than the bf16 mode, where the accumulator layout already is the operand's."""
+    reports = {(r["qk"], r["head_dim"], r["sparse"]): r["shuffles"] for r in _compile_reports()}
+    for (qk, d, sparse), shuffles in reports.items():
+        assert shuffles <= reports[("plain", d, sparse)], (qk, d, sparse, shuffles)
+
+
+def _stored_order(n):
+    """The key at each position of P after the kernel's reorder (``_as_operand``: reshape to
+    [n/32, 2, 2, 4, 2], swap the two middle axes of four and two, flatten), worked out on indices."""
+    return torch.arange(n).reshape(n // 32, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(n)
+
+
+def test_the_reordered_p_times_the_reordered_v_is_the_product():
+    """P reordered as the kernel does it, against V stored in the same order, in float64: the same P·V,
+    and a different one if only P moved."""
+    g = torch.Generator().manual_seed(5)
+    p, v = torch.rand(64, 128, generator=g, dtype=torch.float64), torch.randn(128, 32, generator=g, dtype=torch.float64)
+    p_reordered = p.reshape(64, 4, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(64, 128)
+    assert torch.equal(p_reordered, p[:, _stored_order(128)])
+    assert torch.allclose(p_reordered @ v[_stored_order(128)], p @ v)
+    assert not torch.allclose(p_reordered @ v, p @ v)
+
+
+def test_quantize_stores_v_in_the_p_order():
+    from ditgate.kernels.quant_attention import KernelConfig, quantize
+
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("checked under the interpreter; the GPU tests check the whole kernel")
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g, dtype=torch.float16) for _ in range(3))
+    cfg = KernelConfig(128, 128, 4, 1)
+    plain = quantize(q, k, v, "fp8", 0.125, cfg)
+    reordered = quantize(q, k, v, "fp8", 0.125, cfg, permute_v=True)
+    assert reordered.sk_pad == plain.sk_pad == 256
+    assert torch.equal(reordered.vt.view(torch.uint8), plain.vt.view(torch.uint8)[..., _stored_order(256)])
+    assert torch.equal(reordered.v_scale, plain.v_scale) and torch.equal(reordered.k.view(torch.uint8),
+                                                                          plain.k.view(torch.uint8))
 
 
 def test_host_layouts():

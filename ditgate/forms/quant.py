@@ -1,7 +1,7 @@
 """ditgate's own INT8/FP8 attention (``ditgate.kernels.quant_attention``) as forms, dense and block-sparse.
 
-On Hopper, ``block_sparse`` runs the warp-specialized schedule (``kernels.hopper_attention``) where
-it can read the host's storage; it measured faster there (see its ``serves``).
+On Hopper, every form here runs the warp-specialized schedule (``kernels.hopper_attention``) where it
+measured faster than the Triton one and can take the call (see its ``serves``).
 
 ``fp8``: FP8 Q·Kᵀ and FP8 P·V; ``int8``: INT8 Q·Kᵀ and FP8 P·V. Both bounded error (per-block
 quantization, see the kernel's docstring). ``fp8_sparse`` / ``int8_sparse`` / ``block_sparse`` (the
@@ -54,7 +54,7 @@ class _QuantForm(Form):
         except Exception as exc:
             return Availability(False, f"kernel failed to load: {type(exc).__name__}: {exc}", triton.__version__)
         self._kernel = quant_attention
-        if self.qk == "plain" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
             try:
                 from ..kernels import hopper_attention
             except Exception:  # an older Triton without Gluon: the Triton schedule serves every call
@@ -91,7 +91,7 @@ class _QuantForm(Form):
         if hopper is not None and hopper.serves(q, inputs.key, inputs.value, self.qk,
                                                 lists.block_m if lists is not None else None):
             return hopper.hopper_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                           kv_index=kw.get("kv_index"), kv_count=kw.get("kv_count"))
+                                           kv_index=kw.get("kv_index"), kv_count=kw.get("kv_count"), buffers=buffers)
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
                                             buffers=buffers, **kw)
 

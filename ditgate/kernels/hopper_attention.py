@@ -38,10 +38,22 @@ HALF = gl.constexpr(64)
 BLOCK_K = gl.constexpr(128)  # key rows per stage
 CONSUMER_REGS = gl.constexpr(240)
 ROWS_Q, ROWS_K = BLOCK_Q.value, BLOCK_K.value  # the same, as host-side ints
-SCHEDULES = (0, 1, 2)  # see _consume
-# fastest per mode on the H200 (benchmarks/results/2026-12-02-h200-s4): plain 33.0 ms at Wan-14B with the
-# overlap (1) against 39.1 serial (0) and 34.0 taking turns (2); FP8 and INT8 fastest serial
-DEFAULT_SCHEDULE = {"plain": 1, "fp8": 0, "int8": 0}
+SCHEDULES = (0, 1, 2, 3, 4)  # see _consume
+# fastest per mode on the H200 (benchmarks/results/2026-12-03-h200-s5, A/B run, one session): the overlap with
+# the output rescaled before the P·V issue (3). Plain 33.6 ms at Wan-14B (1: 33.9, 2: 34.7, 4: 34.6) and 13.7
+# at LTX (13.8-13.9); FP8 27.2 at Wan (1: 26.9, 2: 28.1) and 11.9 at LTX (1: 13.4, 2: 12.9, 4: 12.8); INT8
+# (an earlier run of the same code) 28.4 at Wan and 13.7 at LTX, its fastest there too
+DEFAULT_SCHEDULE = {"plain": 3, "fp8": 3, "int8": 3}
+# (mode, head dim, block-sparse) where this schedule measured faster than the Triton one in the same runs, so
+# ditgate's forms run it there. Dense: plain 34.7 / 13.9 ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against
+# 27.5 and 27.6 against 27.7 at Wan in two runs (at LTX 12.0 against 12.1 and 12.0 against 12.0: a tie, Triton
+# keeps it); INT8 28.4 against 29.9 at Wan (at LTX 13.7 against 12.7). Block lists from the selector at budget
+# 0.3: plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 9.7 against 9.8 at Wan, but 6.5 against 5.5 at budget 0.15
+# and 4.7 against 4.4 at LTX, so Triton keeps the quantized sparse calls (why the lists cost this schedule more
+# is not measured yet; it runs one program per multiprocessor, so a list's pipeline fill is not hidden behind
+# another program's work).
+FASTER_THAN_TRITON = frozenset({("plain", 64, False), ("plain", 128, False), ("plain", 64, True), ("plain", 128, True),
+                                ("fp8", 128, False), ("int8", 128, False)})
 
 
 @gluon.constexpr_function
@@ -75,17 +87,16 @@ def _produce(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, 
 
 
 @gluon.jit
-def _softmax_step(s, j, m_i, l_i, c, KS, ks_base, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr,
-                  INT_QK: gl.constexpr):
+def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
-    Quantized: the score scale is the product of the blocks' scales and exp2 is shifted by log2 of P's
-    FP8 scale so that P lands in [0, 448] (l_i carries the same factor). INT8 products become float by
-    the magic-number add. ``MASK``: this may be the tail block (keys past S_K), masked where ``j`` is
-    the last key block. Only ever the last visited block (the lists ascend), so the loop body stays
-    free of the mask (ptxas turns the branch into selects on every element)."""
+    ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
+    max(raw) · c). Quantized, exp2 is shifted by log2 of P's FP8 scale so that P lands in [0, 448]
+    (l_i carries the same factor). INT8 products become float by the magic-number add. ``MASK``: this
+    may be the tail block (keys past S_K), masked where ``j`` is the last key block. Only ever the last
+    visited block (the lists ascend), so the loop body stays free of the mask (ptxas turns the branch
+    into selects on every element)."""
     if QUANT:
-        c = c * gl.load(KS + ks_base + j)  # > 0, so max(raw · c) = max(raw) · c
         LOG2_P_SCALE: gl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
     else:
         LOG2_P_SCALE: gl.constexpr = 0.0
@@ -107,12 +118,44 @@ def _softmax_step(s, j, m_i, l_i, c, KS, ks_base, n_n, S_K, MASK: gl.constexpr, 
 
 
 @gluon.jit
-def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
-    """P cast for the P·V product and laid out as its register operand."""
-    if pv_dtype.primitive_bitwidth == 8:
-        pc = p.to(pv_dtype, fp_downcast_rounding="rtne")
+def _ahead(row, KS, ks_base, i, count, j_next, SPARSE: gl.constexpr, QUANT: gl.constexpr):
+    """What step i fetches for the steps after it, so that no step waits on memory: block i+1's K scale
+    (its index was fetched by step i-1) and block i+2's index (clamped to the list). Read at its use,
+    the K scale was a load from memory in the middle of every quantized step; fetched ahead, FP8 at
+    LTX's shape went from 14.0-14.6 to 12.0 ms on the H200 (no change at Wan-14B's)."""
+    if QUANT:
+        ks_next = gl.load(KS + ks_base + j_next)
     else:
-        pc = p.to(pv_dtype)
+        ks_next = 1.0
+    after = gl.maximum(gl.minimum(i + 2, count - 1), 0)
+    if SPARSE:
+        j_after = gl.load(row + after)
+    else:
+        j_after = after
+    return ks_next, j_after
+
+
+@gluon.jit
+def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+    """P cast for the P·V product and laid out as its register operand.
+
+    16-bit: the accumulator layout already is the operand's, one pack per pair. FP8: the operand wants
+    four neighbouring keys per register where the accumulator gives each thread pairs 8 keys apart, a
+    move between threads (shuffles). Instead P's keys are reordered inside each group of 32 (keys
+    16h + 8a + 2t + b to place 16h + 4t + 2a + b) so that every thread already holds its operand's
+    values, and V is stored in the same order (``quantize(permute_v=True)``): the
+    product is unchanged. Four values go into one register by two paired conversions in one asm (the
+    compiler's own cast keeps one register per byte and repacks them: byte moves in the SASS)."""
+    if pv_dtype.primitive_bitwidth == 8:
+        M: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        p = gl.reshape(p, [M, N // 32, 2, 2, 4, 2])
+        p = gl.reshape(gl.permute(p, (0, 1, 2, 4, 3, 5)), [M, N])
+        p = gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))  # registers renamed, nothing moves
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;"
+            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    pc = p.to(pv_dtype)
     return gl.convert_layout(pc, gl.DotOperandLayout(0, o_layout, 32 // pv_dtype.primitive_bitwidth))
 
 
@@ -142,49 +185,80 @@ def _block_index(row, i, SPARSE: gl.constexpr):
 
 
 @gluon.jit
-def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, acc, m_i, l_i, c_q, KS, ks_base, n_n, S_K,
-                 s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr,
-                 QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr):
-    """Schedule 0's block i: Q·Kᵀ, softmax, P·V, each waited for."""
-    j = _block_index(row, i, SPARSE)
+def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+    """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
+    of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
+    one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
+    per step in the SASS)."""
+    if pv_dtype.primitive_bitwidth == 8:
+        x = p
+    else:
+        x = _as_operand(p, pv_dtype, o_layout)
+    return x
+
+
+@gluon.jit
+def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+    if pv_dtype.primitive_bitwidth == 8:
+        x = _as_operand(carried, pv_dtype, o_layout)
+    else:
+        x = carried
+    return x
+
+
+@gluon.jit
+def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
+                 ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
+                 MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr):
+    """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V, each waited for."""
+    ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q, KS, ks_base, n_n, S_K, MASK, QUANT, INT_QK)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     acc = warpgroup_mma(_as_operand(p, v_bufs.dtype, o_layout), _v_operand(v_bufs, st, V_T), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(kv_empty.index(st), count=1)
-    return acc, m_i, l_i
+    return acc, m_i, l_i, j_next, ks_next, j_after
 
 
 @gluon.jit
-def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, acc, pd, m_i, l_i, c_q, KS, ks_base,
-                     n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr, STAGES: gl.constexpr,
-                     SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                     V_T: gl.constexpr, TURNS: gl.constexpr):
-    """Schedules 1 and 2: block i's Q·Kᵀ and block i-1's P·V (``pd``) issued together; block i's softmax
-    runs while P·V is on the tensor cores. The new P (fp32; the wait takes no 8-bit values) and row sum
-    go through the P·V wait as its dependencies, which keeps the compiler from sinking the softmax below
-    the wait (it did: every exp2 came after it). TURNS: take this warpgroup's turn to issue, then hand it to the other."""
-    j = _block_index(row, i, SPARSE)
+def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried,
+                     alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
+                     STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
+                     INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr):
+    """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
+    together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
+    the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
+    keeps Triton from sinking the softmax below the wait (it did: every exp2 came after it). ptxas
+    still places that wait right after the row max, before the first exp2 (seen in the SASS of every
+    variant here, with or without the dependencies, the stage release or the rescale after it), so
+    the overlap that remains is between the two warpgroups. TURNS: take this warpgroup's turn to
+    issue, then hand it to the other. EARLY: rescale the output for block i-1 (``alpha``) between the
+    two issues, under Q·Kᵀ, as FlashAttention-3 does; otherwise for block i after the P·V wait."""
+    ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     prev = (i - 1) % STAGES
+    pd = _operand(carried, v_bufs.dtype, o_layout)
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
     s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if EARLY:
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
     if TURNS:
         mbarrier.arrive(turn.index(1 - PART), count=1)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q, KS, ks_base, n_n, S_K, MASK, QUANT, INT_QK)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
     acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
     _hold(pd)
     mbarrier.arrive(kv_empty.index(prev), count=1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    return acc, _as_operand(p, v_bufs.dtype, o_layout), m_i, l_i
+    if not EARLY:
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, _carried(p, v_bufs.dtype, o_layout), alpha, m_i, l_i, j_next, ks_next, j_after
 
 
 @gluon.jit
@@ -198,8 +272,10 @@ def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, cou
     SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
     intra-warpgroup overlap (``_overlapped_step``). 2: as 1, with the two warpgroups taking turns to issue
     their products (``turn``: one mbarrier per warpgroup), so that one's softmax falls under the other's
-    products instead of both competing for the exp2 units at once. The last visited block is stepped
-    apart, the only one that may need the tail mask."""
+    products instead of both competing for the exp2 units at once. 3 and 4: 1 and 2 with the output
+    rescaled before the P·V issue (``_overlapped_step``'s EARLY). The last visited block is stepped
+    apart, the only one that may need the tail mask. Each step carries the block index and K scale of
+    the next (``_ahead``)."""
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
     s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K)
@@ -216,33 +292,45 @@ def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, cou
     m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF, D], gl.float32, o_layout)
+    j = _block_index(row, 0, SPARSE)  # every list has a first slot, used or not
+    if QUANT:
+        ksc = gl.load(KS + ks_base + j, mask=count > 0, other=1.0)
+    else:
+        ksc = 1.0
+    j_next = _block_index(row, gl.maximum(gl.minimum(1, count - 1), 0), SPARSE)
     mbarrier.wait(q_ready, 0)
     if SCHEDULE == 0:
         for i in range(count - 1):
-            acc, m_i, l_i = _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, acc, m_i, l_i, c_q, KS,
-                                         ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK,
-                                         V_T)
+            acc, m_i, l_i, j, ksc, j_next = _serial_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
+                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T)
         if count > 0:
-            acc, m_i, l_i = _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, acc, m_i, l_i,
-                                         c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K,
-                                         QUANT, INT_QK, V_T)
+            acc, m_i, l_i, j, ksc, j_next = _serial_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
+                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T)
     elif count > 0:
-        j = _block_index(row, 0, SPARSE)
+        ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q, KS, ks_base, n_n, S_K, not EVEN_K, QUANT, INT_QK)
-        pd = _as_operand(p, pv_dtype, o_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
+        carried = _carried(p, pv_dtype, o_layout)
+        j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
-            acc, pd, m_i, l_i = _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, acc, pd,
-                                                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART,
-                                                 STAGES, SPARSE, False, QUANT, INT_QK, V_T, SCHEDULE == 2)
+            acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
+                m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
+                SCHEDULE % 2 == 0, SCHEDULE >= 3)
         if count > 1:
-            acc, pd, m_i, l_i = _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1,
-                                                 acc, pd, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout,
-                                                 PART, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, SCHEDULE == 2)
+            acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
+                alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3)
         last = (count - 1) % STAGES
-        acc = warpgroup_mma(pd, _v_operand(v_bufs, last, V_T), acc, is_async=True)
+        if SCHEDULE >= 3:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(_operand(carried, pv_dtype, o_layout), _v_operand(v_bufs, last, V_T), acc,
+                            is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(last), count=1)
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -293,7 +381,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     else:
         count = n_n
         row = KV_INDEX
-    if SCHEDULE == 2:
+    if SCHEDULE % 2 == 0 and SCHEDULE > 0:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
     o_base = b * sob + h * soh
     qs_index = bh * n_m + pid_m
@@ -339,13 +427,13 @@ def host_layout(t: torch.Tensor) -> RowView | None:
 
 
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, block: int | None = None) -> bool:
-    """Whether ditgate's forms should run this call here rather than through the Triton schedule: plain
-    mode on Hopper, storage a descriptor can read, lists (if any) of 128-token blocks. Plain only: it is
-    where this schedule measured faster (33.0 against 43.4 ms at Wan-14B); FP8 and INT8 measured no
-    faster than the Triton kernel (26.9-28.3 against 27.1 ms), so those stay there."""
-    if qk != "plain" or block not in (None, ROWS_Q) or ready(q, k, v):
+    """Whether ditgate's forms should run this call here rather than through the Triton schedule: on
+    Hopper, where it measured faster (``FASTER_THAN_TRITON``: mode, head dim, and whether block lists
+    of ``block`` tokens come with the call; only 128 here), and in plain mode from storage a descriptor
+    can read (the quantized modes read their own copies)."""
+    if block not in (None, ROWS_Q) or ready(q, k, v) or (qk, q.shape[3], block is not None) not in FASTER_THAN_TRITON:
         return False
-    return all(host_layout(t) is not None for t in (q, k, v))
+    return qk != "plain" or all(host_layout(t) is not None for t in (q, k, v))
 
 
 def ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -439,7 +527,8 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
             raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for 128-row blocks")
         kv_index = kv_index.to(torch.int32).contiguous()
         kv_count = kv_count.to(torch.int32).contiguous()
-    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_Q, ROWS_K), buffers)
+    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_Q, ROWS_K), buffers,
+                                              permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule)

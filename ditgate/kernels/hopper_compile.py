@@ -2,10 +2,12 @@
 
 Gluon has no CPU interpreter, so this is what a machine without a Hopper GPU can check: that every mode
 and head dim compiles (Triton ships its own ptxas), how many registers and how much shared memory it
-takes, and whether anything spills. Run it in a process without ``TRITON_INTERPRET=1`` (the interpreter
-replaces Triton's library functions with Python ones that the compiler cannot take):
+takes, and whether anything spills; and, with ``--loops``, where ptxas put the waits for the tensor-core
+products against the exp2s in each overlapped schedule's loop. Run it in a process without
+``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
+compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile
+    python -m ditgate.kernels.hopper_compile [--loops]
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -37,6 +40,7 @@ class CompileReport:
     spill_bytes: int
     wgmma: int  # warpgroup matrix instructions in the PTX
     setmaxnreg: int  # per-partition register budgets in the PTX
+    shuffles: int  # warp shuffles in the PTX (row max and sum; an FP8 P moved between threads adds more)
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool) -> ha.Launch:
@@ -56,34 +60,88 @@ def host_launch(qk: str, head_dim: int, sparse: bool) -> ha.Launch:
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists)
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool) -> CompileReport:
+def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     launch = host_launch(qk, head_dim, sparse)
+    flags = dict(launch.flags)
+    if schedule is not None:
+        flags["SCHEDULE"] = schedule
     fn = ha._hopper_attn_kernel
     signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
-    signature.update({name: "constexpr" for name in launch.flags})
-    compiled = triton.compile(GluonASTSource(fn, signature, dict(launch.flags)), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4})
+    signature.update({name: "constexpr" for name in flags})
+    return triton.compile(GluonASTSource(fn, signature, flags), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4})
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
+    """ptxas on the PTX: (its -v report, the cubin's path)."""
+    path, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
+    with open(path, "w") as f:
+        f.write(ptx)
+    info = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", path, "-o", cubin], capture_output=True,
+                          text=True, check=True).stderr
+    return info, cubin
+
+
+def compile_report(qk: str, head_dim: int, sparse: bool) -> CompileReport:
+    compiled = _compile(qk, head_dim, sparse)
     ptx = compiled.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull], capture_output=True,
-                              text=True, check=True).stderr
+        info, _ = _assemble(ptx, tmp)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
     registers = max(int(n) for n in re.findall(r"Used (\d+) registers", info))
     return CompileReport(qk, head_dim, sparse, compiled.metadata.shared, registers, spills,
-                         ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"))
+                         ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"))
+
+
+@dataclass(frozen=True)
+class LoopShape:
+    """One key block's step in the machine code (SASS) of a consumer's loop: its length in instructions,
+    and where the waits for the tensor-core products (``WARPGROUP.DEPBAR.LE gsb0, N``: at most N groups
+    left in flight) and the exp2s (``MUFU.EX2``) sit, as positions from the step's first product."""
+
+    qk: str
+    head_dim: int
+    schedule: int
+    instructions: int
+    waits: tuple[tuple[int, int], ...]  # (position, groups left in flight)
+    first_exp2: int
+    last_exp2: int
+
+
+def loop_shape(qk: str, head_dim: int, schedule: int) -> LoopShape:
+    """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
+    from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
+    only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order."""
+    compiled = _compile(qk, head_dim, False, schedule)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, cubin = _assemble(compiled.asm["ptx"], tmp)
+        sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    body = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line).split(";")[0] for line in sass.splitlines()
+            if re.match(r"\s*/\*[0-9a-f]+\*/\s+\S", line)]
+    starts = [i for i, ins in enumerate(body) if re.search(r"GMMA\.\S+ R\d+, gdesc\[UR\d+\], RZ", ins)]
+    step = body[starts[1]:starts[2]]
+    waits = tuple((i, int(m.group(1), 16)) for i, ins in enumerate(step)
+                  for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
+    exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
+    return LoopShape(qk, head_dim, schedule, len(step), waits, exp2[0], exp2[-1])
 
 
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's functions cannot be compiled")
+    if sys.argv[1:] == ["--loops"]:  # the overlapped schedules' steady-state step, per mode, at head dim 128
+        shapes = [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]]
+        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
+        return
     reports = [compile_report(qk, d, sparse) for qk in ("plain", "fp8", "int8") for d in (64, 128)
                for sparse in (False, True)]
     print(json.dumps([dataclasses.asdict(r) for r in reports]))

@@ -74,11 +74,17 @@ def _quant_rows_kernel(X, OUT, SCALE, MEAN, sxb, sxh, sxs, sxd, H, S, S_PAD, n_b
 
 
 @triton.jit
-def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.constexpr, BLOCK: tl.constexpr):
-    """V / per-channel scale to FP8, written transposed: OUT[b·h, d, s] (padded columns are zero)."""
+def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
+                    PERMUTE: tl.constexpr):
+    """V / per-channel scale to FP8, written transposed: OUT[b·h, d, s] (padded columns are zero).
+
+    PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column 16h + 4t + 2a + b, the
+    order in which the Hopper schedule hands P to its P·V product (``hopper_attention._as_operand``)."""
     v, blk, bh, rows, cols, valid = _load_row_block(V, svb, svh, svs, svd, H, S, D, BLOCK)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
+    if PERMUTE:
+        rows = (rows & ~15) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
     tl.store(OUT + (bh * D + cols[None, :]) * S_PAD + rows[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
 
 
@@ -277,8 +283,9 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None) -> Quantized:
-    """One pass each over Q and K (plus K's mean) and over V (plus its channel absmax)."""
+def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False) -> Quantized:
+    """One pass each over Q and K (plus K's mean) and over V (plus its channel absmax). ``permute_v``:
+    V's keys in the Hopper schedule's P order (see ``_quant_v_kernel``)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -300,7 +307,8 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None) ->
                                      D=D, BLOCK=cfg.block_m, HAS_MEAN=False, TO_INT8=to_int8, QMAX=qmax)
     _quant_rows_kernel[(n_n, B * HK)](k, k8, ks, k_mean, *k.stride(), HK, SK, sk_pad, n_n, 1.0,
                                       D=D, BLOCK=cfg.block_n, HAS_MEAN=True, TO_INT8=to_int8, QMAX=qmax)
-    _quant_v_kernel[(n_n, B * HK)](v, vt8, v_scale, *v.stride(), HK, SK, sk_pad, D=D, BLOCK=cfg.block_n)
+    _quant_v_kernel[(n_n, B * HK)](v, vt8, v_scale, *v.stride(), HK, SK, sk_pad, D=D, BLOCK=cfg.block_n,
+                                   PERMUTE=permute_v)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad)
 
 
