@@ -14,6 +14,10 @@
 #   bash benchmarks/gpu.sh hopper-first  (carry .whl)          no fa4: Hopper-schedule tests, then hopper_kernel.py
 #   bash benchmarks/gpu.sh hopper        (carry .whl .big/b)   join, install; GPU tests; hopper_kernel.py vs fa4; sparse stage
 #   bash benchmarks/gpu.sh final-s4      (carry .whl .big/b)   join, install; GPU tests; selector parts; sparse stage
+#   bash benchmarks/gpu.sh s5-kernel     (carry .whl .big/b)   join, install; Hopper-schedule tests; hopper_kernel.py, schedules 0-2
+#   bash benchmarks/gpu.sh s5-sparse     (no carry, warm)      GPU form tests; the sparse stage (Hopper FP8 consumer)
+#   bash benchmarks/gpu.sh s5-ab         (carry .whl)          no fa4: schedules 1-4 (rescale late / early), plain and FP8; Hopper tests
+#   bash benchmarks/gpu.sh s5-ncu        (no carry, warm)      Nsight Compute on the Hopper schedule, FP8 and plain
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -45,6 +49,38 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s5-kernel)
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    smoke || exit 4
+    timeout 120 python3 -m pytest -q -x tests/test_hopper_kernel.py -k "not compiles and not moving" 2>&1 | tail -6 | tee "$OUT/pytest-hopper.txt"
+    timeout 340 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 0 1 2 2>&1 | tee "$OUT/hopper-kernel.log" \
+        | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -45
+    ;;
+s5-sparse)
+    [ -d "$SITE/flash_attn" ] || { echo "no $SITE: run s5-kernel first, on the same warm machine"; exit 3; }
+    timeout 100 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-gpu.txt"
+    timeout 380 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32" | tail -75
+    ;;
+s5-ab)  # carry .whl (no fa4): the overlapped schedules with the output rescaled late (1, 2) or early (3, 4); the Hopper tests
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 benchmarks/hopper_kernel.py --out "$OUT" --modes plain fp8 --schedules 1 2 3 4 --no-triton 2>&1 \
+        | tee "$OUT/hopper-kernel.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py -k "not compiles and not moving" 2>&1 | tail -4 \
+        | tee "$OUT/pytest-hopper.txt"
+    ;;
+s5-ncu)  # no carry, warm: Nsight Compute on one launch of the Hopper schedule (clocks left alone)
+    for run in "fp8 wan" "plain ltx"; do
+        set -- $run
+        timeout 100 ncu --clock-control none -k regex:_hopper_attn_kernel -c 1 --section SpeedOfLight \
+            --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+            --section SchedulerStats python3 benchmarks/ncu_target.py $1 $2 > "$OUT/ncu-$1-$2.txt" 2>&1
+        grep -i "duration\|throughput\|issue slots\|stall\|pipe\|executed ipc\|eligible\|active warps" "$OUT/ncu-$1-$2.txt" | head -30
+    done
+    ;;
 hopper-first)
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

@@ -24,7 +24,7 @@ from quant_kernel import SHAPES, bench, inputs
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.gate import compare, environment
 from ditgate.kernels.hopper_attention import ROWS_K, ROWS_Q, default_stages, hopper_attention
-from ditgate.kernels.quant_attention import quant_attention
+from ditgate.kernels.quant_attention import KernelConfig, quant_attention, quantize
 
 
 def main() -> None:
@@ -80,6 +80,10 @@ def main() -> None:
             if row:
                 base[fname] = row["ms"]
         for qk in args.modes:
+            if qk != "plain":  # the quantization passes alone (included in every quantized row's time)
+                ms = bench(lambda: quantize(q, k, v, qk, d ** -0.5, KernelConfig(ROWS_Q, ROWS_K), permute_v=True))
+                record({"shape": name, "row": f"quantize {qk} (alone)", "ms": ms[0], "min": ms[1], "max": ms[2],
+                        "tflops": float("nan"), "cosine": float("nan"), "x_cudnn": float("nan"), "x_fa4": float("nan")})
             if not args.no_triton:
                 measure(f"triton {qk}", lambda: quant_attention(q, k, v, qk=qk),
                         lambda: quant_attention(cq, ck, cv, qk=qk))

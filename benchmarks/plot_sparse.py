@@ -21,7 +21,8 @@ def main() -> None:
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 7), squeeze=False)
     styles = {"selected": "-", "window": "--", "radial": ":"}
-    colours = {"ditgate_plain": "C0", "ditgate_plain_hopper": "C4", "ditgate_fp8": "C3", "flex": "C2", "fa4_sparse": "C1"}
+    colours = {"ditgate_plain": "C0", "ditgate_plain_hopper": "C4", "ditgate_fp8": "C3", "ditgate_fp8_hopper": "C5",
+               "flex": "C2", "fa4_sparse": "C1"}
     for col, model in enumerate(models):
         for (consumer, pattern) in sorted({(r["row"], r["pattern"]) for r in rows if r["model"] == model}):
             pts = sorted((r["budget"], r["x_best_exact"], r["cosine"]) for r in rows

@@ -4,8 +4,9 @@ Per model (diffusers' own class at the published configuration with ``--layers``
 bf16; the attach path captures the self-attention inputs of the last block through a capturing form):
 
 - exact dense rows: flash-attn-4 (where installed), cuDNN, and ditgate's kernel unquantized ("plain") and
-  FP8, all dense; on Hopper also the plain mode's warp-specialized schedule ("ditgate_plain_hopper",
-  kernels.hopper_attention, the one the block_sparse form runs there);
+  FP8, all dense (the Triton schedule at its default tile, or its best of a sweep with ``--triton-sweep``);
+  on Hopper also the warp-specialized schedule (kernels.hopper_attention) in both modes
+  ("ditgate_plain_hopper", "ditgate_fp8_hopper"), each at the fastest of its schedules timed dense;
 - per budget 1.0 / 0.5 / 0.3 / 0.15 and per pattern (the per-call selector; the static window and radial
   patterns): selection time, then plain (both schedules) / FP8 / compiled flex / fa4's block-sparse path over the
   selection, each total = selection
@@ -38,7 +39,7 @@ from ditgate.forms.sdpa import SdpaCudnn
 from ditgate.gate import compare, environment
 from ditgate.gate.timing import warm_samples
 from ditgate.hosts import model_output
-from ditgate.kernels.quant_attention import KernelConfig, quant_attention
+from ditgate.kernels.quant_attention import KernelConfig, default_config, quant_attention
 from ditgate.models.presets import get_preset
 from ditgate.sparse.families import layouts_of_forward
 from ditgate.sparse.patterns import static_pattern
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--config", default="{}", help="JSON overrides of the model config (dry runs)")
     ap.add_argument("--geometry", default="{}", help="JSON overrides of the preset's latent geometry (dry runs)")
     ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--triton-sweep", action="store_true", help="time the Triton schedule at eight tiles, keep the best")
     args = ap.parse_args()
     global DEVICE, BLOCK
     DEVICE, BLOCK = torch.device(args.device), args.block
@@ -153,7 +155,8 @@ def main() -> None:
         best_cfg = {}
         for qk in ("plain", "fp8"):
             times = {}
-            for cfg in kernel_configs(D):
+            for cfg in (kernel_configs(D) if args.triton_sweep else [default_config(D, DEVICE.type, qk, BLOCK,
+                                                                                    tensors=(q, k, v))]):
                 try:
                     times[cfg] = bench(lambda: quant_attention(q, k, v, qk=qk, scale=scale, config=cfg))
                 except Exception as exc:
@@ -164,11 +167,17 @@ def main() -> None:
                 config=str(best_cfg[qk]), config_ms={str(c): t for c, t in times.items()},
                 cosine=compare(quant_attention(q, k, v, qk=qk, scale=scale, config=best_cfg[qk]).float(), ref).cosine)
         hopper = None
+        best_schedule = {}
         if DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] == 9 and BLOCK == 128:
             from ditgate.kernels import hopper_attention as hopper
-            dense["ditgate_plain_hopper"] = bench(lambda: hopper.hopper_attention(q, k, v, qk="plain", scale=scale))
-            row(model=name, row="ditgate_plain_hopper", pattern="dense", budget=1.0, ms=dense["ditgate_plain_hopper"],
-                cosine=compare(hopper.hopper_attention(q, k, v, qk="plain", scale=scale).float(), ref).cosine)
+            for qk in ("plain", "fp8"):  # each schedule timed dense; the fastest serves this mode's sparse rows
+                times = {sch: bench(lambda: hopper.hopper_attention(q, k, v, qk=qk, scale=scale, schedule=sch))
+                         for sch in hopper.SCHEDULES}
+                best_schedule[qk] = min(times, key=times.get)
+                dense[f"ditgate_{qk}_hopper"] = times[best_schedule[qk]]
+                row(model=name, row=f"ditgate_{qk}_hopper", pattern="dense", budget=1.0, ms=times[best_schedule[qk]],
+                    schedule=best_schedule[qk], schedule_ms=times,
+                    cosine=compare(hopper.hopper_attention(q, k, v, qk=qk, scale=scale).float(), ref).cosine)
         exact = {n: t for n, t in dense.items() if n in ("fa4", "sdpa_cudnn")} or {"ditgate_plain": dense["ditgate_plain"]}
         best_name = min(exact, key=exact.get)
         best_ms = exact[best_name]
@@ -197,8 +206,9 @@ def main() -> None:
                     "ditgate_fp8": lambda: quant_attention(q, k, v, qk="fp8", scale=scale, config=best_cfg["fp8"], **kw),
                 }
                 if hopper is not None:
-                    consumers["ditgate_plain_hopper"] = lambda: hopper.hopper_attention(q, k, v, qk="plain", scale=scale,
-                                                                                        **kw)
+                    for qk in ("plain", "fp8"):
+                        consumers[f"ditgate_{qk}_hopper"] = lambda qk=qk: hopper.hopper_attention(
+                            q, k, v, qk=qk, scale=scale, schedule=best_schedule[qk], **kw)
                 x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
                 if flex.availability().available:
                     consumers["flex"] = lambda: flex.run(x)
