@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from quant_kernel import SHAPES, bench, inputs
+from quant_kernel import bench, shape_case
 
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.gate import compare, environment
@@ -50,11 +50,7 @@ def main() -> None:
              "command": "python benchmarks/hopper_kernel.py " + " ".join(sys.argv[1:]), "rows": rows}, indent=2))
 
     for name in args.shapes:
-        h, s, d = SHAPES[name]
-        flops = 4.0 * h * s * s * d
-        q, k, v = inputs(h, s, d, 1)
-        cq, ck, cv = inputs(h, s, d, 2)
-        ref = torch.nn.functional.scaled_dot_product_attention(cq.float(), ck.float(), cv.float())
+        h, s, d, flops, (q, k, v), (cq, ck, cv), ref = shape_case(name)
         base = {}
 
         def measure(label, fn, check):

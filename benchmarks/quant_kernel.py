@@ -52,6 +52,15 @@ def inputs(h, s, d, seed):
     return [torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(3)]
 
 
+def shape_case(name):
+    """A benchmark shape's sizes and FLOP count, one input set to time, and a fresh one to check with its
+    float32 reference: (h, s, d, flops, timed, checked, ref)."""
+    h, s, d = SHAPES[name]
+    checked = inputs(h, s, d, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.float() for t in checked))
+    return h, s, d, 4.0 * h * s * s * d, inputs(h, s, d, 1), checked, ref
+
+
 def bench(fn, n=10):
     t = warm_samples(fn, torch.device("cuda"), n)
     return statistics.median(t), min(t), max(t)
@@ -81,11 +90,7 @@ def main() -> None:
              + " ".join(sys.argv[1:]), "rows": rows}, indent=2))
 
     for name in args.shapes:
-        h, s, d = SHAPES[name]
-        flops = 4.0 * h * s * s * d
-        q, k, v = inputs(h, s, d, 1)
-        cq, ck, cv = inputs(h, s, d, 2)
-        ref = torch.nn.functional.scaled_dot_product_attention(cq.float(), ck.float(), cv.float())
+        h, s, d, flops, (q, k, v), (cq, ck, cv), ref = shape_case(name)
         base = {}
         for fname, form in forms.items():
             if not form.availability().available:
