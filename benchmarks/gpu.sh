@@ -60,7 +60,7 @@ s5-kernel)
     ;;
 s5-sparse)
     [ -d "$SITE/flash_attn" ] || { echo "no $SITE: run s5-kernel first, on the same warm machine"; exit 3; }
-    timeout 100 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-gpu.txt"
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-gpu.txt"
     timeout 380 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args\|float32" | tail -75
     ;;
