@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from quant_kernel import bench, shape_case
+from quant_kernel import bench, random_lists, shape_case
 
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.gate import compare, environment
@@ -96,11 +96,7 @@ def main() -> None:
             (st, sch), dense = best
             n_m, n_n = -(-s // ROWS_Q), -(-s // ROWS_K)
             for density in (0.5, 0.25, 0.125):
-                keep = max(1, round(density * n_n))
-                g = torch.Generator(device="cuda").manual_seed(11)
-                idx = torch.argsort(torch.rand(1, h, n_m, n_n, device="cuda", generator=g), dim=-1)[..., :keep]
-                idx = idx.sort(dim=-1).values.to(torch.int32).contiguous()
-                cnt = torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda")
+                idx, cnt, keep = random_lists(h, n_m, n_n, density)
                 ms = bench(lambda: hopper_attention(q, k, v, qk=qk, stages=st, schedule=sch, kv_index=idx,
                                                     kv_count=cnt))
                 ratio = ms[0] / dense["ms"]

@@ -61,6 +61,16 @@ def shape_case(name):
     return h, s, d, 4.0 * h * s * s * d, inputs(h, s, d, 1), checked, ref
 
 
+def random_lists(h, n_m, n_n, density):
+    """Key-block lists that keep round(density · n_n) random blocks (at least one) in every query block's
+    row, ascending, the same for a given shape and density: (kv_index, kv_count, kept)."""
+    keep = max(1, round(density * n_n))
+    g = torch.Generator(device="cuda").manual_seed(11)
+    idx = torch.argsort(torch.rand(1, h, n_m, n_n, device="cuda", generator=g), dim=-1)[..., :keep]
+    idx = idx.sort(dim=-1).values.to(torch.int32).contiguous()
+    return idx, torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda"), keep
+
+
 def bench(fn, n=10):
     t = warm_samples(fn, torch.device("cuda"), n)
     return statistics.median(t), min(t), max(t)
@@ -143,11 +153,7 @@ def main() -> None:
                 print(rows[-1], flush=True)
             n_m, n_n = -(-s // cfg.block_m), -(-s // cfg.block_n)
             for density in (0.5, 0.25, 0.125):
-                keep = max(1, round(density * n_n))
-                g = torch.Generator(device="cuda").manual_seed(11)
-                idx = torch.argsort(torch.rand(1, h, n_m, n_n, device="cuda", generator=g), dim=-1)[..., :keep]
-                idx = idx.sort(dim=-1).values.to(torch.int32).contiguous()
-                cnt = torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda")
+                idx, cnt, keep = random_lists(h, n_m, n_n, density)
                 ms = bench(lambda: quant_attention(q, k, v, qk=qk, config=cfg, kv_index=idx, kv_count=cnt))
                 ratio = ms[0] / dense_row["ms"]
                 rows.append({"shape": name, "row": f"{qk}_sparse d={density}", "ms": ms[0], "min": ms[1],
