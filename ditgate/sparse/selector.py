@@ -13,6 +13,8 @@ the selection from 0.67 to 0.41 ms at LTX's 27588 tokens (benchmarks/results/202
 
 from __future__ import annotations
 
+import importlib.util
+
 import math
 from dataclasses import dataclass
 
@@ -55,6 +57,7 @@ class TileSelector:
     def __init__(self, block: int = 128, kernels: bool | None = None) -> None:
         self.block = block
         self.kernels = kernels
+        self._triton = importlib.util.find_spec("triton") is not None  # once, not on every call
         self._geometry: dict[tuple, _Geometry] = {}  # owned by this selector (one plan), never module-level
         self._count_cache: dict[tuple, torch.Tensor] = {}
 
@@ -119,11 +122,7 @@ class TileSelector:
     def _use_kernels(self, q: torch.Tensor) -> bool:
         if self.kernels is not None:
             return self.kernels
-        if q.device.type != "cuda":
-            return False
-        import importlib.util
-
-        return importlib.util.find_spec("triton") is not None
+        return q.device.type == "cuda" and self._triton
 
     @staticmethod
     def _best(scores: torch.Tensor, keep: int) -> torch.Tensor:
