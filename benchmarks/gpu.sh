@@ -18,6 +18,7 @@
 #   bash benchmarks/gpu.sh s5-sparse     (no carry, warm)      GPU form tests; the sparse stage (Hopper FP8 consumer)
 #   bash benchmarks/gpu.sh s5-ab         (carry .whl)          no fa4: schedules 1-4 (rescale late / early), plain and FP8; Hopper tests
 #   bash benchmarks/gpu.sh s5-ncu        (no carry, warm)      Nsight Compute on the Hopper schedule, FP8 and plain
+#   bash benchmarks/gpu.sh s6-a          (carry .whl)          no fa4: schedules 5-8 against 3; their Hopper tests
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -31,13 +32,14 @@ install() {  # join the two halves of the cutlass cu13 wheel (first half left in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
 }
-smoke() {  # one small call per mode, under a short timeout: a schedule that deadlocks stops the run here
-    timeout 90 python3 - <<'PY' 2>&1 | tail -20
+smoke() {  # one small call per mode and schedule ($@, default 0 1 2), under a short timeout: a deadlock stops here
+    SCHEDULES="${*:-0 1 2}" timeout 120 python3 - <<'PY' 2>&1 | tail -30
 import torch
 from ditgate.kernels.hopper_attention import hopper_attention
+import os
 q = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
 ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
-for schedule in (0, 1, 2):
+for schedule in map(int, os.environ["SCHEDULES"].split()):
     for qk in ("plain", "fp8", "int8"):
         out = hopper_attention(q, q, q, qk=qk, schedule=schedule)
         torch.cuda.synchronize()
@@ -49,6 +51,15 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s6-a)  # carry .whl (no fa4): schedules 5-8 (next stage's wait before the P·V wait; row sum on the tensor cores) vs 3
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    smoke 5 6 7 8 || exit 4
+    timeout 330 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 5 6 7 8 --no-triton 2>&1 \
+        | tee "$OUT/hopper-kernel.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -45
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "schedule5 or schedule7 or schedule8" 2>&1 | tail -4 \
+        | tee "$OUT/pytest-hopper.txt"
+    ;;
 s5-kernel)
     install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
