@@ -18,7 +18,7 @@
 #   bash benchmarks/gpu.sh s5-sparse     (no carry, warm)      GPU form tests; the sparse stage (Hopper FP8 consumer)
 #   bash benchmarks/gpu.sh s5-ab         (carry .whl)          no fa4: schedules 1-4 (rescale late / early), plain and FP8; Hopper tests
 #   bash benchmarks/gpu.sh s5-ncu        (no carry, warm)      Nsight Compute on the Hopper schedule, FP8 and plain
-#   bash benchmarks/gpu.sh s6-a          (carry .whl)          no fa4: schedules 5-8 against 3; their Hopper tests
+#   bash benchmarks/gpu.sh s6-final      (carry .whl .big/b)   join, install; tests/test_gpu.py; hopper_kernel.py, schedule 3
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -51,14 +51,13 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
-s6-a)  # carry .whl (no fa4): schedules 5-8 (next stage's wait before the P·V wait; row sum on the tensor cores) vs 3
-    install_small
+s6-final)  # carry .whl .big/b after prep: join, install; every GPU test of the forms; the kernels against cuDNN and fa4
+    install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
-    smoke 5 6 7 8 || exit 4
-    timeout 330 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 5 6 7 8 --no-triton 2>&1 \
-        | tee "$OUT/hopper-kernel.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -45
-    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "schedule5 or schedule7 or schedule8" 2>&1 | tail -4 \
-        | tee "$OUT/pytest-hopper.txt"
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    timeout 220 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
+    timeout 300 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 2>&1 | tee "$OUT/hopper-kernel.log" \
+        | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
     ;;
 s5-kernel)
     install

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .quant_attention import LOG2E, QK_MODES, KernelConfig, quantize
@@ -39,24 +38,7 @@ HALF = gl.constexpr(64)
 BLOCK_K = gl.constexpr(128)  # key rows per stage
 CONSUMER_REGS = gl.constexpr(240)
 ROWS_Q, ROWS_K = BLOCK_Q.value, BLOCK_K.value  # the same, as host-side ints
-ONES_ROWS = 8  # the row sum's tile of ones (schedules 7, 8) is ONES_N x BLOCK_K, ONES_N at most this
-# what each consumer schedule does (see _consume): "overlap" issues block i's Q·Kᵀ with block i-1's P·V; "turns"
-# makes the two warpgroups take turns to issue; "early" rescales the output before the P·V issue; "ahead" waits
-# for the next stage between the softmax and the P·V wait; "mma_sum" keeps the row sum on the tensor cores
-SCHEDULE_PARTS = {
-    0: frozenset(),
-    1: frozenset({"overlap"}),
-    2: frozenset({"overlap", "turns"}),
-    3: frozenset({"overlap", "early"}),
-    4: frozenset({"overlap", "early", "turns"}),
-    5: frozenset({"overlap", "early", "ahead"}),
-    6: frozenset({"overlap", "early", "ahead", "turns"}),
-    7: frozenset({"overlap", "early", "ahead", "mma_sum"}),
-    8: frozenset({"overlap", "early", "ahead", "turns", "mma_sum"}),
-    9: frozenset({"overlap", "early", "mma_sum"}),
-    10: frozenset({"overlap", "early", "turns", "mma_sum"}),
-}
-SCHEDULES = tuple(SCHEDULE_PARTS)
+SCHEDULES = (0, 1, 2, 3, 4)  # see _consume
 # fastest per mode on the H200 (benchmarks/results/2026-12-03-h200-s5, A/B run, one session): the overlap with
 # the output rescaled before the P·V issue (3). Plain 33.6 ms at Wan-14B (1: 33.9, 2: 34.7, 4: 34.6) and 13.7
 # at LTX (13.8-13.9); FP8 27.2 at Wan (1: 26.9, 2: 28.1) and 11.9 at LTX (1: 13.4, 2: 12.9, 4: 12.8); INT8
@@ -72,11 +54,6 @@ DEFAULT_SCHEDULE = {"plain": 3, "fp8": 3, "int8": 3}
 # another program's work).
 FASTER_THAN_TRITON = frozenset({("plain", 64, False), ("plain", 128, False), ("plain", 64, True), ("plain", 128, True),
                                 ("fp8", 128, False), ("int8", 128, False)})
-
-
-@gluon.constexpr_function
-def _has(schedule, part):
-    return part in SCHEDULE_PARTS[schedule]
 
 
 @gluon.constexpr_function
@@ -110,8 +87,7 @@ def _produce(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, 
 
 
 @gluon.jit
-def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  SUM: gl.constexpr = True):
+def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
@@ -119,8 +95,7 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     (l_i carries the same factor). INT8 products become float by the magic-number add. ``MASK``: this
     may be the tail block (keys past S_K), masked where ``j`` is the last key block. Only ever the last
     visited block (the lists ascend), so the loop body stays free of the mask (ptxas turns the branch
-    into selects on every element). ``SUM``: keep the row sum here; otherwise the tensor cores keep it
-    (``_row_sum_issue``) and l_i passes through."""
+    into selects on every element)."""
     if QUANT:
         LOG2_P_SCALE: gl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
     else:
@@ -138,8 +113,7 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     m_new = gl.maximum(m_i, (gl.max(raw, axis=1) - offset) * c)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
-    if SUM:
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
@@ -251,37 +225,11 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, k
 
 
 @gluon.jit
-def _row_sum_issue(pd, ones, l_acc, alpha):
-    """The row sum of the P operand ``pd`` on the tensor cores: P times a tile of ones, 8 columns wide
-    (``l_acc``, every column the same sum), rescaled by ``alpha`` first like the output. It takes the
-    softmax's 64 additions per thread and block off the issue slots for 1/16 of a P·V product, and sums
-    P as the product sees it (8 or 16 bits), so output and row sum share P's rounding."""
-    l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, l_acc.type.layout))[:, None]
-    return warpgroup_mma(pd, ones.permute((1, 0)), l_acc, is_async=True)
-
-
-@gluon.constexpr_function
-def _sum_layout(bits, n):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 256 // bits])
-
-
-@gluon.jit
-def _wait_next(kv_ready, i, count, STAGES: gl.constexpr):
-    """Wait for block i+1's stage (the last block's again at the end: its phase has completed and the
-    stage is not released yet, so that returns at once). Placed between a step's softmax and its P·V
-    wait, the retry loop of the wait ends a basic block, which ptxas does not schedule across, so the
-    P·V wait can no longer be hoisted above the exp2s."""
-    nxt = gl.minimum(i + 1, count - 1)
-    mbarrier.wait(kv_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-
-
-@gluon.jit
 def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried,
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
-                     INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
-                     AHEAD: gl.constexpr, ones, MMA_SUM: gl.constexpr):
-    """Schedules 1 to 6: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
+                     INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr):
+    """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
     keeps Triton from sinking the softmax below the wait (it did: every exp2 came after it). ptxas
@@ -294,26 +242,18 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     st = i % STAGES
     prev = (i - 1) % STAGES
     pd = _operand(carried, v_bufs.dtype, o_layout)
-    if not AHEAD:
-        mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
     s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if EARLY:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
-    if MMA_SUM:
-        l_tok = _row_sum_issue(pd, ones, l_i, alpha)
     if TURNS:
         mbarrier.arrive(turn.index(1 - PART), count=1)
-    s = warpgroup_mma_wait(num_outstanding=1 + MMA_SUM, deps=(s_tok,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not MMA_SUM)
-    if AHEAD:
-        _wait_next(kv_ready, i, count, STAGES)
-    if MMA_SUM:
-        acc, l_i, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
-    else:
-        acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
+    acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
     _hold(pd)
     mbarrier.arrive(kv_empty.index(prev), count=1)
     if not EARLY:
@@ -322,11 +262,11 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 
 
 @gluon.jit
-def _consume(q_smem, k_bufs, v_bufs, ones, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
              o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
              PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-             SCHEDULE: gl.constexpr, ONES_N: gl.constexpr):
+             SCHEDULE: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
 
     SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
@@ -350,14 +290,7 @@ def _consume(q_smem, k_bufs, v_bufs, ones, q_ready, kv_ready, kv_empty, turn, ro
     else:
         c_q = c_plain
     m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    TURNS: gl.constexpr = _has(SCHEDULE, "turns")
-    EARLY: gl.constexpr = _has(SCHEDULE, "early")
-    AHEAD: gl.constexpr = _has(SCHEDULE, "ahead")
-    MMA_SUM: gl.constexpr = _has(SCHEDULE, "mma_sum")
-    if MMA_SUM:
-        l_i = gl.zeros([HALF, ONES_N], gl.float32, _sum_layout(pv_dtype.primitive_bitwidth, ONES_N))
-    else:
-        l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF, D], gl.float32, o_layout)
     j = _block_index(row, 0, SPARSE)  # every list has a first slot, used or not
     if QUANT:
@@ -380,36 +313,27 @@ def _consume(q_smem, k_bufs, v_bufs, ones, q_ready, kv_ready, kv_empty, turn, ro
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK, not MMA_SUM)
-        if AHEAD:
-            _wait_next(kv_ready, 0, count, STAGES)
+        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
         carried = _carried(p, pv_dtype, o_layout)
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                TURNS, EARLY, AHEAD, ones, MMA_SUM)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3)
         if count > 1:
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, TURNS, EARLY, AHEAD, ones, MMA_SUM)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3)
         last = (count - 1) % STAGES
-        if EARLY:
+        if SCHEDULE >= 3:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        pd = _operand(carried, pv_dtype, o_layout)
-        acc = warpgroup_mma(pd, _v_operand(v_bufs, last, V_T), acc, is_async=True)
-        if MMA_SUM:
-            l_tok = _row_sum_issue(pd, ones, l_i, alpha)
-            acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(acc, l_tok))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma(_operand(carried, pv_dtype, o_layout), _v_operand(v_bufs, last, V_T), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(last), count=1)
-    if MMA_SUM:
-        l_o = gl.convert_layout(gl.max(l_i, axis=1), gl.SliceLayout(1, o_layout))
-    else:
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     if QUANT:
@@ -420,28 +344,12 @@ def _consume(q_smem, k_bufs, v_bufs, ones, q_ready, kv_ready, kv_empty, turn, ro
 
 
 @gluon.jit
-def _ones_tile(dtype: gl.constexpr, NEEDED: gl.constexpr, ONES_N: gl.constexpr):
-    """An [8, BLOCK_K] tile of ones in shared memory (K-major, as 8-bit operands must be) for the row sum
-    on the tensor cores; a one-element stand-in where the schedule keeps the sum itself."""
-    if NEEDED:
-        layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth,
-                                                     rank=2)
-        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        tile = gl.allocate_shared_memory(dtype, [ONES_N, BLOCK_K], layout,
-                                         gl.full([ONES_N, BLOCK_K], 1.0, gl.float16, fill).to(dtype))
-        fence_async_shared()
-    else:
-        tile = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    return tile
-
-
-@gluon.jit
 def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
                         q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
                         H, H_KV, S_Q, S_K, n_m, n_n, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                        SCHEDULE: gl.constexpr, ONES_N: gl.constexpr):
+                        SCHEDULE: gl.constexpr):
     # One program per (128-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -461,7 +369,6 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ones = _ones_tile(v_desc.dtype, _has(SCHEDULE, "mma_sum"), ONES_N)
     mbarrier.init(q_ready, count=1)
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
@@ -474,7 +381,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     else:
         count = n_n
         row = KV_INDEX
-    if _has(SCHEDULE, "turns"):
+    if SCHEDULE % 2 == 0 and SCHEDULE > 0:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
     o_base = b * sob + h * soh
     qs_index = bh * n_m + pid_m
@@ -484,12 +391,12 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
         (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count,
                     b * q_rb + h * q_rh + q_start, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch,
                     b * v_rb + hk * v_rh, hk * v_ch, STAGES, SPARSE, V_T)),
-        (_consume, (q_smem, k_bufs, v_bufs, ones, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+        (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
                     o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
-                    0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, ONES_N)),
-        (_consume, (q_smem, k_bufs, v_bufs, ones, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                    0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE)),
+        (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
                     o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
-                    1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, ONES_N)),
+                    1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -546,10 +453,10 @@ def _descriptor(view: torch.Tensor, block: list[int]) -> TensorDescriptor:
 
 
 def default_stages(head_dim: int, qk: str) -> int:
-    """Key/value stages that fit beside Q and the row sum's tile of ones in 227 KB of shared memory."""
+    """Key/value stages that fit beside Q in 227 KB of shared memory."""
     elem = 2 if qk == "plain" else 1
     stage = 2 * ROWS_K * head_dim * elem
-    return max(2, min(4, (227 * 1024 - (ROWS_Q * head_dim + ONES_ROWS * ROWS_K) * elem - 1024) // stage))
+    return max(2, min(4, (227 * 1024 - ROWS_Q * head_dim * elem - 1024) // stage))
 
 
 @dataclass(frozen=True)
@@ -591,7 +498,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
             H, HK, SQ, SK, n_m, n_n, lists[2], scale * LOG2E)
     flags = dict(D=D, STAGES=stages or default_stages(D, qk), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
-                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, ONES_N=ONES_ROWS)
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule)
     return Launch((n_m, B * H), args, flags)
 
 
