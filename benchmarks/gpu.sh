@@ -18,6 +18,7 @@
 #   bash benchmarks/gpu.sh s5-sparse     (no carry, warm)      GPU form tests; the sparse stage (Hopper FP8 consumer)
 #   bash benchmarks/gpu.sh s5-ab         (carry .whl)          no fa4: schedules 1-4 (rescale late / early), plain and FP8; Hopper tests
 #   bash benchmarks/gpu.sh s5-ncu        (no carry, warm)      Nsight Compute on the Hopper schedule, FP8 and plain
+#   bash benchmarks/gpu.sh s6-groups     (carry .whl)          no fa4: three consumer warpgroups against two at LTX; tests
 #   bash benchmarks/gpu.sh s6-final      (carry .whl .big/b)   join, install; tests/test_gpu.py; hopper_kernel.py, schedule 3
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
@@ -51,6 +52,27 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s6-groups)  # carry .whl (no fa4): three consumer warpgroups (192 query rows) against two; their tests
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 120 python3 - <<'PY' 2>&1 | tail -14
+import torch
+from ditgate.kernels.hopper_attention import hopper_attention
+for d in (64,):
+    q = torch.randn(1, 1000, 2, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
+    for groups in (2, 3):
+        for qk in ("plain", "fp8", "int8"):
+            out = hopper_attention(q, q, q, qk=qk, groups=groups)
+            torch.cuda.synchronize()
+            print(d, groups, qk, "rel", ((out.float() - ref).norm() / ref.norm()).item(), flush=True)
+PY
+    timeout 110 python3 -m pytest -q tests/test_hopper_kernel.py -k "three_warpgroups or refuses" 2>&1 | tail -4 \
+        | tee "$OUT/pytest-hopper.txt"
+    timeout 240 python3 benchmarks/hopper_kernel.py --out "$OUT" --shapes ltx-1216x704x257 --schedules 3 4 \
+        --groups 2 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" \
+        | tail -32
+    ;;
 s6-final)  # carry .whl .big/b after prep: join, install; every GPU test of the forms; the kernels against cuDNN and fa4
     install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

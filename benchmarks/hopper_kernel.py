@@ -23,7 +23,7 @@ from quant_kernel import bench, random_lists, shape_case
 
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.gate import compare, environment
-from ditgate.kernels.hopper_attention import ROWS_K, ROWS_Q, default_stages, hopper_attention
+from ditgate.kernels.hopper_attention import ROWS_HALF, ROWS_K, ROWS_Q, default_stages, hopper_attention
 from ditgate.kernels.quant_attention import KernelConfig, quant_attention, quantize
 
 
@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["plain", "fp8", "int8"], choices=["plain", "fp8", "int8"])
     ap.add_argument("--stages", nargs="+", type=int, default=[], help="ring depths to try besides the default")
     ap.add_argument("--schedules", nargs="+", type=int, default=[2], help="consumer schedules (see _consume)")
+    ap.add_argument("--groups", nargs="+", type=int, default=[2], help="consumer warpgroups per program (2 or 3)")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton schedule's rows")
     args = ap.parse_args()
     out = Path(args.out)
@@ -77,20 +78,21 @@ def main() -> None:
                 base[fname] = row["ms"]
         for qk in args.modes:
             if qk != "plain":  # the quantization passes alone (included in every quantized row's time)
-                ms = bench(lambda: quantize(q, k, v, qk, d ** -0.5, KernelConfig(ROWS_Q, ROWS_K), permute_v=True))
+                ms = bench(lambda: quantize(q, k, v, qk, d ** -0.5, KernelConfig(ROWS_HALF, ROWS_K), permute_v=True))
                 record({"shape": name, "row": f"quantize {qk} (alone)", "ms": ms[0], "min": ms[1], "max": ms[2],
                         "tflops": float("nan"), "cosine": float("nan"), "x_cudnn": float("nan"), "x_fa4": float("nan")})
             if not args.no_triton:
                 measure(f"triton {qk}", lambda: quant_attention(q, k, v, qk=qk),
                         lambda: quant_attention(cq, ck, cv, qk=qk))
-            best = None
+            best = None  # the fastest with two warpgroups, which the block lists need
             for sch in args.schedules:
-                for st in sorted({default_stages(d, qk), *args.stages}):
-                    row = measure(f"hopper {qk} s{st} p{sch}",
-                                  lambda: hopper_attention(q, k, v, qk=qk, stages=st, schedule=sch),
-                                  lambda: hopper_attention(cq, ck, cv, qk=qk, stages=st, schedule=sch))
-                    if row and (best is None or row["ms"] < best[1]["ms"]):
-                        best = ((st, sch), row)
+                for g in args.groups:
+                    for st in sorted({default_stages(d, qk, g), *args.stages}):
+                        row = measure(f"hopper {qk} s{st} p{sch}" + (f" g{g}" if g != 2 else ""),
+                                      lambda: hopper_attention(q, k, v, qk=qk, stages=st, schedule=sch, groups=g),
+                                      lambda: hopper_attention(cq, ck, cv, qk=qk, stages=st, schedule=sch, groups=g))
+                        if row and g == 2 and (best is None or row["ms"] < best[1]["ms"]):
+                            best = ((st, sch), row)
             if best is None:
                 continue
             (st, sch), dense = best

@@ -40,8 +40,9 @@ def _compile_reports():
 
 def test_every_variant_compiles_for_hopper_without_spills():
     reports = _compile_reports()
-    assert {(r["qk"], r["head_dim"], r["sparse"]) for r in reports} == {
-        (qk, d, s) for qk in ("plain", "fp8", "int8") for d in (64, 128) for s in (False, True)}
+    assert {(r["qk"], r["head_dim"], r["sparse"], r["groups"]) for r in reports} == {
+        (qk, d, s, 2) for qk in ("plain", "fp8", "int8") for d in (64, 128) for s in (False, True)} | {
+        (qk, 64, False, 3) for qk in ("plain", "fp8", "int8")}
     for r in reports:
         assert r["wgmma"] > 0 and r["setmaxnreg"] > 0, r  # tensor-core products; per-partition registers
         assert r["shared_bytes"] <= HOPPER_SMEM and r["spill_bytes"] == 0, r
@@ -157,6 +158,22 @@ def test_matches_reference(shape, qk, layout, schedule):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
+@pytest.mark.parametrize("shape", [(1, 4, 4, 1000, 1000, 64), (2, 4, 2, 300, 77, 64), (1, 2, 1, 200, 384, 64)],
+                         ids=["self", "cross-gqa", "short-q"])
+def test_three_warpgroups_match_reference(shape, qk, layout):
+    """192 query rows per program: the last program's third (or second and third) warpgroup may hold no
+    rows at all (300 = 192 + 108), and its Q scale lies past the last one (read masked)."""
+    q, k, v = _qkv(*shape, seed=sum(shape) + 3, layout=layout)
+    out = torch.full_like(q, float("nan"))
+    ha.hopper_attention(q, k, v, qk=qk, out=out, groups=3)
+    assert torch.isfinite(out).all()
+    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ha.SCHEDULES, ids=[f"schedule{s}" for s in ha.SCHEDULES])
 @pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
 def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule):
@@ -189,3 +206,8 @@ def test_refuses_what_it_cannot_read():
         ha.hopper_attention(q, q.transpose(2, 3).contiguous().transpose(2, 3), q, qk="plain")
     with pytest.raises(ValueError, match="head dim"):
         ha.hopper_attention(q[..., :32], q[..., :32], q[..., :32], qk="fp8")
+    lists = torch.zeros(1, 2, 2, 2, dtype=torch.int32, device="cuda"), torch.ones(1, 2, 2, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="groups"):
+        ha.hopper_attention(q, q, q, qk="plain", kv_index=lists[0], kv_count=lists[1], groups=3)
+    with pytest.raises(ValueError, match="groups"):
+        ha.hopper_attention(*(torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16),) * 3, groups=3)

@@ -5,8 +5,10 @@ Why a second schedule: Triton's compiler runs the loads, both products and the s
 one instruction stream, so the tensor cores wait while the softmax runs. Here, as in FlashAttention-3,
 the work is split across warps (``gl.warp_specialize``): one producer partition issues every load
 through the bulk tensor copy engine (TMA) into a ring of shared-memory stages guarded by mbarriers, and
-two consumer warpgroups, 64 query rows each, run the products and the softmax on the same key blocks.
-While one warpgroup is in its softmax the other's products keep the tensor cores busy.
+two or three consumer warpgroups, 64 query rows each, run the products and the softmax on the same key
+blocks. While one warpgroup is in its softmax another's products keep the tensor cores busy. Three
+(192 query rows, ``groups``) at head dim 64, where the softmax outweighs the products most: each key
+block's loads then serve 1.5 times the rows, and each scheduler has one more warp to issue from.
 
 Numerics are those of ``quant_attention``: the same quantized copies (``quantize``), the same score
 scale folded into one FMA with the row max, P in [0, 448] for FP8, INT8 products turned into floats
@@ -33,27 +35,41 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .quant_attention import LOG2E, QK_MODES, KernelConfig, quantize
 
-BLOCK_Q = gl.constexpr(128)  # query rows per program: two consumer warpgroups of 64
 HALF = gl.constexpr(64)
 BLOCK_K = gl.constexpr(128)  # key rows per stage
-CONSUMER_REGS = gl.constexpr(240)
-ROWS_Q, ROWS_K = BLOCK_Q.value, BLOCK_K.value  # the same, as host-side ints
+ROWS_Q, ROWS_K = 128, BLOCK_K.value  # query rows of a block list's block (two warpgroups), key rows per stage
+ROWS_HALF = HALF.value  # query rows per consumer warpgroup, and per Q scale of the quantized modes
+GROUPS = (2, 3)  # consumer warpgroups per program: 128 or 192 query rows (registers per consumer thread: 240
+# or 160, what fits beside the 24-register load warpgroup in a multiprocessor's 64K; at 160 only head dim 64
+# compiles without spills, hopper_compile)
 SCHEDULES = (0, 1, 2, 3, 4)  # see _consume
 # fastest per mode on the H200 (benchmarks/results/2026-12-03-h200-s5, A/B run, one session): the overlap with
 # the output rescaled before the P·V issue (3). Plain 33.6 ms at Wan-14B (1: 33.9, 2: 34.7, 4: 34.6) and 13.7
 # at LTX (13.8-13.9); FP8 27.2 at Wan (1: 26.9, 2: 28.1) and 11.9 at LTX (1: 13.4, 2: 12.9, 4: 12.8); INT8
 # (an earlier run of the same code) 28.4 at Wan and 13.7 at LTX, its fastest there too
 DEFAULT_SCHEDULE = {"plain": 3, "fp8": 3, "int8": 3}
+# consumer warpgroups per program by head dim (benchmarks/results/2026-12-03-h200-s6, e and g; at LTX's 32 x
+# 27588 x 64, three against two, two runs): plain 12.38-12.44 ms against 13.87-13.92, FP8 10.40-10.81 against
+# 11.76-12.05, INT8 11.36-11.70 against 13.72-13.76. At head dim 128 three spill and lose (h: FP8 27.37 against
+# 26.76 ms at Wan-14B, plain 75.1 against 33.2)
+DEFAULT_GROUPS = {64: 3, 128: 2}
 # (mode, head dim, block-sparse) where this schedule measured faster than the Triton one in the same runs, so
 # ditgate's forms run it there. Dense: plain 34.7 / 13.9 ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against
-# 27.5 and 27.6 against 27.7 at Wan in two runs (at LTX 12.0 against 12.1 and 12.0 against 12.0: a tie, Triton
-# keeps it); INT8 28.4 against 29.9 at Wan (at LTX 13.7 against 12.7). Block lists from the selector at budget
+# 27.5 and 27.6 against 27.7 at Wan in two runs; INT8 28.4 against 29.9 at Wan. At LTX (head dim 64) with three
+# warpgroups (s6, g): FP8 10.81 against 11.96, INT8 11.70 against 12.62 (with two they tied or lost). Block lists from the selector at budget
 # 0.3: plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 9.7 against 9.8 at Wan, but 6.5 against 5.5 at budget 0.15
 # and 4.7 against 4.4 at LTX, so Triton keeps the quantized sparse calls (why the lists cost this schedule more
 # is not measured yet; it runs one program per multiprocessor, so a list's pipeline fill is not hidden behind
 # another program's work).
 FASTER_THAN_TRITON = frozenset({("plain", 64, False), ("plain", 128, False), ("plain", 64, True), ("plain", 128, True),
-                                ("fp8", 128, False), ("int8", 128, False)})
+                                ("fp8", 64, False), ("fp8", 128, False), ("int8", 64, False), ("int8", 128, False)})
+
+
+@gluon.constexpr_function
+def _q_slots(groups):
+    """Q's 64-row slots in shared memory: one per consumer warpgroup, rounded up to a power of two (shapes
+    must be)."""
+    return 1 << (groups - 1).bit_length()
 
 
 @gluon.constexpr_function
@@ -65,10 +81,12 @@ def _mma_layout(bits, n):
 @gluon.jit
 def _produce(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count,
              q_row, q_col, k_row, k_col, v_row, v_col,
-             STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr):
-    """The load partition: Q once, then each listed key block's K and V into the next free stage."""
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_smem)
+             STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr):
+    """The load partition: Q once (64 rows per consumer warpgroup), then each listed key block's K and V
+    into the next free stage."""
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS)
+    for g in gl.static_range(GROUPS):
+        tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     for i in range(count):
         if SPARSE:
@@ -152,6 +170,10 @@ def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
         p = gl.reshape(p, [M, N // 32, 2, 2, 4, 2])
         p = gl.reshape(gl.permute(p, (0, 1, 2, 4, 3, 5)), [M, N])
         p = gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))  # registers renamed, nothing moves
+        if p.dtype == gl.float16:  # P carried at 16 bits (``_carried``)
+            return gl.inline_asm_elementwise(
+                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f16x2 lo, $1; cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;"
+                " mov.b32 $0, {lo, hi}; }", "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
         return gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;"
             " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
@@ -185,12 +207,15 @@ def _block_index(row, i, SPARSE: gl.constexpr):
 
 
 @gluon.jit
-def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
     """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
     of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
     one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
-    per step in the SASS)."""
-    if pv_dtype.primitive_bitwidth == 8:
+    per step in the SASS). ``NARROW``: at 8 bits, P as float16 (half the registers, for three warpgroups
+    at 160 registers each), cast to FP8 by pairs at the next step."""
+    if pv_dtype.primitive_bitwidth == 8 and NARROW:
+        x = p.to(gl.float16)
+    elif pv_dtype.primitive_bitwidth == 8:
         x = p
     else:
         x = _as_operand(p, pv_dtype, o_layout)
@@ -228,7 +253,8 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, k
 def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried,
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
-                     INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr):
+                     INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
+                     GROUPS: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -250,7 +276,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
     if TURNS:
-        mbarrier.arrive(turn.index(1 - PART), count=1)
+        mbarrier.arrive(turn.index((PART + 1) % GROUPS), count=1)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
     acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
@@ -258,15 +284,15 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     mbarrier.arrive(kv_empty.index(prev), count=1)
     if not EARLY:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    return acc, _carried(p, v_bufs.dtype, o_layout), alpha, m_i, l_i, j_next, ks_next, j_after
+    return acc, _carried(p, v_bufs.dtype, o_layout, GROUPS == 3), alpha, m_i, l_i, j_next, ks_next, j_after
 
 
 @gluon.jit
 def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-             o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
+             o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
              PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-             SCHEDULE: gl.constexpr):
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
 
     SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
@@ -284,9 +310,9 @@ def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, cou
         s_zero = gl.zeros([HALF, BLOCK_K], gl.int32, s_layout)
     else:
         s_zero = gl.zeros([HALF, BLOCK_K], gl.float32, s_layout)
-    q_part = q_smem.slice(PART * HALF, HALF, dim=0)
+    q_part = q_smem.index(PART)
     if QUANT:
-        c_q = gl.load(QS + qs_index)
+        c_q = gl.load(QS + qs_index + PART, mask=PART < qs_left, other=1.0)  # one Q scale per warpgroup's 64 rows
     else:
         c_q = c_plain
     m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -314,18 +340,18 @@ def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, cou
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
-        carried = _carried(p, pv_dtype, o_layout)
+        carried = _carried(p, pv_dtype, o_layout, GROUPS == 3)
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS)
         if count > 1:
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -346,11 +372,11 @@ def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, cou
 @gluon.jit
 def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
                         q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
-                        H, H_KV, S_Q, S_K, n_m, n_n, max_list, c_plain,
+                        H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                        SCHEDULE: gl.constexpr):
-    # One program per (128-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
+                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
+    # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -358,8 +384,8 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     h = bh % H
     hk = h // (H // H_KV)
     bhk = b * H_KV + hk
-    q_start = pid_m * BLOCK_Q
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_Q, D], q_desc.layout)
+    q_start = pid_m * HALF * GROUPS
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [_q_slots(GROUPS), HALF, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_K, D], k_desc.layout)
     if V_T:
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D, BLOCK_K], v_desc.layout)
@@ -368,13 +394,13 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
+    for g in gl.static_range(GROUPS):
+        mbarrier.init(turn.index(g), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
-        mbarrier.init(kv_empty.index(s), count=2)  # both consumers release a stage
+        mbarrier.init(kv_empty.index(s), count=GROUPS)  # every consumer releases a stage
     if SPARSE:
         count = gl.load(KV_COUNT + bh * n_m + pid_m)
         row = KV_INDEX + (bh * n_m + pid_m) * max_list
@@ -384,20 +410,38 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     if SCHEDULE % 2 == 0 and SCHEDULE > 0:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
     o_base = b * sob + h * soh
-    qs_index = bh * n_m + pid_m
+    qs_index = bh * n_qs + pid_m * GROUPS  # the Q scales are per 64 rows, n_qs of them per head
+    qs_left = n_qs - pid_m * GROUPS
     ks_base = bhk * n_n
     vs_base = bhk * D
-    gl.warp_specialize([
-        (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count,
-                    b * q_rb + h * q_rh + q_start, h * q_ch, b * k_rb + hk * k_rh, hk * k_ch,
-                    b * v_rb + hk * v_rh, hk * v_ch, STAGES, SPARSE, V_T)),
-        (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                    o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
-                    0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE)),
-        (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                    o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, ks_base, vs_base,
-                    1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE)),
-    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+    q_row = b * q_rb + h * q_rh + q_start
+    k_row = b * k_rb + hk * k_rh
+    v_row = b * v_rb + hk * v_rh
+    if GROUPS == 3:
+        gl.warp_specialize([
+            (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
+                        h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch, STAGES, SPARSE, V_T, GROUPS)),
+            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
+                        0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
+                        1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
+                        2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+        ], [4, 4, 4], [160, 160, 160])
+    else:
+        gl.warp_specialize([
+            (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
+                        h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch, STAGES, SPARSE, V_T, GROUPS)),
+            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
+                        0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
+                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
+                        1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+        ], [4, 4], [240, 240])
 
 
 @dataclass(frozen=True)
@@ -452,11 +496,12 @@ def _descriptor(view: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
-def default_stages(head_dim: int, qk: str) -> int:
-    """Key/value stages that fit beside Q in 227 KB of shared memory."""
+def default_stages(head_dim: int, qk: str, groups: int = 2) -> int:
+    """Key/value stages that fit beside Q (64 rows per consumer warpgroup) in 227 KB of shared memory."""
     elem = 2 if qk == "plain" else 1
     stage = 2 * ROWS_K * head_dim * elem
-    return max(2, min(4, (227 * 1024 - ROWS_Q * head_dim * elem - 1024) // stage))
+    q_slots = 1 << (groups - 1).bit_length()  # as _q_slots
+    return max(2, min(4, (227 * 1024 - ROWS_HALF * q_slots * head_dim * elem - 1024) // stage))
 
 
 @dataclass(frozen=True)
@@ -469,13 +514,15 @@ class Launch:
 
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
-                stages: int | None = None, schedule: int | None = None) -> Launch:
-    """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``) unless plain."""
+                stages: int | None = None, schedule: int | None = None, groups: int = 2) -> Launch:
+    """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
+    64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
-    n_m, n_n = -(-SQ // ROWS_Q), -(-SK // ROWS_K)
+    rows_q = ROWS_HALF * groups
+    n_m, n_n = -(-SQ // rows_q), -(-SK // ROWS_K)
     if qz is not None:
-        q_desc = _descriptor(qz.q.view(-1, D), [ROWS_Q, D])
+        q_desc = _descriptor(qz.q.view(-1, D), [ROWS_HALF, D])
         k_desc = _descriptor(qz.k.view(-1, D), [ROWS_K, D])
         v_desc = _descriptor(qz.vt.view(-1, qz.sk_pad), [D, ROWS_K])
         rows = (H * qz.sq_pad, qz.sq_pad, 0, HK * qz.sk_pad, qz.sk_pad, 0, HK * D, D, 0)
@@ -484,7 +531,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         views = [host_layout(t) for t in (q, k, v)]
         if any(view is None for view in views):
             raise ValueError("plain mode reads [B, H, S, D] or [B, S, H, D] storage with 16-byte aligned rows")
-        q_desc = _descriptor(views[0].matrix, [ROWS_Q, D])
+        q_desc = _descriptor(views[0].matrix, [ROWS_HALF, D])
         k_desc = _descriptor(views[1].matrix, [ROWS_K, D])
         v_desc = _descriptor(views[2].matrix, [ROWS_K, D])
         rows = tuple(x for view in views for x in (view.rb, view.rh, view.ch))
@@ -495,18 +542,21 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     else:
         lists = (out, out, 0)
     args = (q_desc, k_desc, v_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
-            H, HK, SQ, SK, n_m, n_n, lists[2], scale * LOG2E)
-    flags = dict(D=D, STAGES=stages or default_stages(D, qk), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
+            H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
+    flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
-                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule)
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups)
     return Launch((n_m, B * H), args, flags)
 
 
 def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
                      scale: float | None = None, kv_index: torch.Tensor | None = None,
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
-                     schedule: int | None = None, buffers=None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``quant_attention``'s contract (B, H, S, D inputs; 128 x 128 blocks for the lists) on Hopper."""
+                     schedule: int | None = None, groups: int | None = None, buffers=None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """``quant_attention``'s contract (B, H, S, D inputs; 128 x 128 blocks for the lists) on Hopper.
+    ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; dense calls only, as the
+    lists are per 128 rows); by default ``DEFAULT_GROUPS`` for the head dim."""
     if qk not in QK_MODES:
         raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
     if (kv_index is None) != (kv_count is None):
@@ -527,10 +577,14 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
             raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for 128-row blocks")
         kv_index = kv_index.to(torch.int32).contiguous()
         kv_count = kv_count.to(torch.int32).contiguous()
-    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_Q, ROWS_K), buffers,
+    if groups is None:
+        groups = 2 if kv_index is not None else DEFAULT_GROUPS[D]
+    if groups not in GROUPS or (groups != 2 and (kv_index is not None or D != 64)):
+        raise ValueError(f"groups must be one of {GROUPS} (3 only without block lists, at head dim 64), not {groups!r}")
+    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers,
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule)
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -35,6 +35,7 @@ class CompileReport:
     qk: str
     head_dim: int
     sparse: bool
+    groups: int  # consumer warpgroups (64 query rows each)
     shared_bytes: int
     registers: int
     spill_bytes: int
@@ -43,7 +44,7 @@ class CompileReport:
     shuffles: int  # warp shuffles in the PTX (row max and sum; an FP8 P moved between threads adds more)
 
 
-def host_launch(qk: str, head_dim: int, sparse: bool) -> ha.Launch:
+def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
@@ -53,19 +54,19 @@ def host_launch(qk: str, head_dim: int, sparse: bool) -> ha.Launch:
     if qk != "plain":
         e = torch.float8_e4m3fn if qk == "fp8" else torch.int8
         pad = n * ha.ROWS_Q
-        qz = Quantized(torch.empty(H, pad, D, dtype=e), torch.empty(H, n), torch.empty(H, pad, D, dtype=e),
-                       torch.empty(H, n), torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D),
-                       pad, pad)
+        qz = Quantized(torch.empty(H, pad, D, dtype=e), torch.empty(H, pad // ha.ROWS_HALF),
+                       torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
+                       torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n, n, dtype=torch.int32), torch.zeros(1, H, n, dtype=torch.int32)) if sparse else (None,) * 2
-    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists)
+    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups)
 
 
-def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None):
+def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse)
+    launch = host_launch(qk, head_dim, sparse, groups)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -90,14 +91,14 @@ def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
     return info, cubin
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool) -> CompileReport:
-    compiled = _compile(qk, head_dim, sparse)
+def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> CompileReport:
+    compiled = _compile(qk, head_dim, sparse, groups=groups)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
     registers = max(int(n) for n in re.findall(r"Used (\d+) registers", info))
-    return CompileReport(qk, head_dim, sparse, compiled.metadata.shared, registers, spills,
+    return CompileReport(qk, head_dim, sparse, groups, compiled.metadata.shared, registers, spills,
                          ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"))
 
 
@@ -142,8 +143,8 @@ def main() -> None:
         shapes = [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]]
         print(json.dumps([dataclasses.asdict(r) for r in shapes]))
         return
-    reports = [compile_report(qk, d, sparse) for qk in ("plain", "fp8", "int8") for d in (64, 128)
-               for sparse in (False, True)]
+    reports = [compile_report(qk, d, sparse, groups) for qk in ("plain", "fp8", "int8") for d in (64, 128)
+               for sparse, groups in ((False, 2), (True, 2), (False, 3)) if groups == 2 or d == 64]
     print(json.dumps([dataclasses.asdict(r) for r in reports]))
 
 
