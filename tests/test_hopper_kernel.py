@@ -206,7 +206,8 @@ def test_refuses_what_it_cannot_read():
         ha.hopper_attention(q, q.transpose(2, 3).contiguous().transpose(2, 3), q, qk="plain")
     with pytest.raises(ValueError, match="head dim"):
         ha.hopper_attention(q[..., :32], q[..., :32], q[..., :32], qk="fp8")
-    lists = torch.zeros(1, 2, 2, 2, dtype=torch.int32, device="cuda"), torch.ones(1, 2, 2, dtype=torch.int32, device="cuda")
+    lists = (torch.zeros(1, 2, 2, 2, dtype=torch.int32, device="cuda"),
+             torch.ones(1, 2, 2, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="groups"):
         ha.hopper_attention(q, q, q, qk="plain", kv_index=lists[0], kv_count=lists[1], groups=3)
     with pytest.raises(ValueError, match="groups"):

@@ -56,11 +56,11 @@ DEFAULT_GROUPS = {64: 3, 128: 2}
 # (mode, head dim, block-sparse) where this schedule measured faster than the Triton one in the same runs, so
 # ditgate's forms run it there. Dense: plain 34.7 / 13.9 ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against
 # 27.5 and 27.6 against 27.7 at Wan in two runs; INT8 28.4 against 29.9 at Wan. At LTX (head dim 64) with three
-# warpgroups (s6, g): FP8 10.81 against 11.96, INT8 11.70 against 12.62 (with two they tied or lost). Block lists from the selector at budget
-# 0.3: plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 9.7 against 9.8 at Wan, but 6.5 against 5.5 at budget 0.15
-# and 4.7 against 4.4 at LTX, so Triton keeps the quantized sparse calls (why the lists cost this schedule more
-# is not measured yet; it runs one program per multiprocessor, so a list's pipeline fill is not hidden behind
-# another program's work).
+# warpgroups (s6, g): FP8 10.81 against 11.96, INT8 11.70 against 12.62 (with two they tied or lost). Block
+# lists from the selector at budget 0.3: plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 9.7 against 9.8 at Wan,
+# but 6.5 against 5.5 at budget 0.15 and 4.7 against 4.4 at LTX, so Triton keeps the quantized sparse calls
+# (why the lists cost this schedule more is not measured yet; it runs one program per multiprocessor, so a
+# list's pipeline fill is not hidden behind another program's work).
 FASTER_THAN_TRITON = frozenset({("plain", 64, False), ("plain", 128, False), ("plain", 64, True), ("plain", 128, True),
                                 ("fp8", 64, False), ("fp8", 128, False), ("int8", 64, False), ("int8", 128, False)})
 
@@ -68,7 +68,7 @@ FASTER_THAN_TRITON = frozenset({("plain", 64, False), ("plain", 128, False), ("p
 @gluon.constexpr_function
 def _q_slots(groups):
     """Q's 64-row slots in shared memory: one per consumer warpgroup, rounded up to a power of two (shapes
-    must be)."""
+    must be). Plain Python as well: ``default_stages`` calls it on the host."""
     return 1 << (groups - 1).bit_length()
 
 
@@ -500,8 +500,7 @@ def default_stages(head_dim: int, qk: str, groups: int = 2) -> int:
     """Key/value stages that fit beside Q (64 rows per consumer warpgroup) in 227 KB of shared memory."""
     elem = 2 if qk == "plain" else 1
     stage = 2 * ROWS_K * head_dim * elem
-    q_slots = 1 << (groups - 1).bit_length()  # as _q_slots
-    return max(2, min(4, (227 * 1024 - ROWS_HALF * q_slots * head_dim * elem - 1024) // stage))
+    return max(2, min(4, (227 * 1024 - ROWS_HALF * _q_slots(groups) * head_dim * elem - 1024) // stage))
 
 
 @dataclass(frozen=True)
@@ -580,7 +579,8 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if groups is None:
         groups = 2 if kv_index is not None else DEFAULT_GROUPS[D]
     if groups not in GROUPS or (groups != 2 and (kv_index is not None or D != 64)):
-        raise ValueError(f"groups must be one of {GROUPS} (3 only without block lists, at head dim 64), not {groups!r}")
+        raise ValueError(f"groups must be one of {GROUPS} (3 only without block lists, at head dim 64), "
+                         f"not {groups!r}")
     qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers,
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
