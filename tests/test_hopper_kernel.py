@@ -107,10 +107,12 @@ def test_host_layouts():
 
 
 def test_stages_fit_beside_q():
-    for D, qk in [(64, "plain"), (128, "plain"), (64, "fp8"), (128, "fp8")]:
+    for D, qk, groups in [(64, "plain", 2), (128, "plain", 2), (64, "fp8", 2), (128, "fp8", 2), (64, "plain", 3),
+                          (64, "fp8", 3)]:
         elem = 2 if qk == "plain" else 1
-        stages = ha.default_stages(D, qk)
-        assert stages >= 2 and (stages * 2 + 1) * 128 * D * elem <= HOPPER_SMEM
+        stages = ha.default_stages(D, qk, groups)
+        q_rows = 64 * (4 if groups == 3 else 2)  # Q's slots: a power of two of 64-row slots
+        assert stages >= 2 and (stages * 2 * 128 + q_rows) * D * elem <= HOPPER_SMEM
 
 
 gpu = pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
