@@ -2,11 +2,13 @@
 
 Per shape (bf16 random inputs, B, S, H, D storage seen as B, H, S, D views): the exact baselines, then
 each mode (plain, fp8, int8) through the Triton kernel at its default tile and through the Hopper
-schedule at each ring depth asked for, timed end to end (quantization passes included) with CUDA events
-(median of 10 after warm-up), cosine to a float32 reference on a fresh input set; then the Hopper
-schedule's block-sparse lists at densities 0.5 / 0.25 / 0.125 against its own dense time.
+schedule at each consumer schedule, warpgroup count and ring depth asked for, timed end to end
+(quantization passes included) with CUDA events (median of 10 after warm-up), cosine to a float32
+reference on a fresh input set; then the Hopper schedule's block-sparse lists (two warpgroups, the
+fastest schedule) at densities 0.5 / 0.25 / 0.125 against its own dense time.
 
-    python benchmarks/hopper_kernel.py --out DIR [--shapes ...] [--modes ...] [--stages 2 3 4]
+    python benchmarks/hopper_kernel.py --out DIR [--shapes ...] [--modes ...] [--schedules 3 4]
+        [--groups 2 3] [--stages 2 3 4] [--no-triton]
 """
 
 from __future__ import annotations
