@@ -79,11 +79,11 @@ def _mma_layout(bits, n):
 
 
 @gluon.jit
-def _produce(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count,
-             q_row, q_col, k_row, k_col, v_row, v_col,
-             STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr):
+def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr):
     """The load partition: Q once (64 rows per consumer warpgroup), then each listed key block's K and V
     into the next free stage."""
+    (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row, q_col, k_row,
+     k_col, v_row, v_col) = loads
     mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS)
     for g in gl.static_range(GROUPS):
         tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
@@ -288,12 +288,11 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 
 
 @gluon.jit
-def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-             o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
-             PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
+def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
+    ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
     SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
     intra-warpgroup overlap (``_overlapped_step``). 2: as 1, with the two warpgroups taking turns to issue
@@ -302,6 +301,8 @@ def _consume(q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, cou
     rescaled before the P·V issue (``_overlapped_step``'s EARLY). The last visited block is stepped
     apart, the only one that may need the tail mask. Each step carries the block index and K scale of
     the next (``_ahead``)."""
+    (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base, sos, sod,
+     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base) = shared
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
     s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K)
@@ -417,30 +418,22 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     q_row = b * q_rb + h * q_rh + q_start
     k_row = b * k_rb + hk * k_rh
     v_row = b * v_rb + hk * v_rh
+    produce = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
+               h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
+    shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base,
+              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base)
     if GROUPS == 3:
         gl.warp_specialize([
-            (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
-                        h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
-                        0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
-            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
-                        1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
-            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
-                        2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
-            (_produce, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
-                        h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
-                        0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
-            (_consume, (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain,
-                        o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base,
-                        1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
         ], [4, 4], [240, 240])
 
 
