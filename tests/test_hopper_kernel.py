@@ -89,6 +89,21 @@ def test_quantize_stores_v_in_the_p_order():
                                                                           plain.k.view(torch.uint8))
 
 
+@pytest.mark.parametrize("groups", [2, 3])
+def test_launch_geometry_per_warpgroup_count(groups):
+    """Host side of 64-row Q slots: programs of 64·groups rows, Q read as 64-row boxes, one Q scale per 64
+    rows (the kernel masks the scales past the last: 300 rows have 5, three warpgroups ask for up to 6)."""
+    B, H, S, D = 1, 2, 300, 64
+    q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    qz = ha.quantize(q, k, v, "fp8", D ** -0.5, ha.KernelConfig(ha.ROWS_HALF, ha.ROWS_K), permute_v=True)
+    launch = ha.plan_launch(q, k, v, "fp8", D ** -0.5, torch.empty_like(q), qz, groups=groups)
+    args = dict(zip(ha._hopper_attn_kernel.arg_names, launch.args))
+    assert launch.grid == (-(-S // (64 * groups)), B * H) and args["n_m"] == launch.grid[0]
+    assert args["n_qs"] == qz.q_scale.shape[1] == 5
+    assert list(args["q_desc"].block_shape) == [64, D]
+    assert launch.flags["GROUPS"] == groups and launch.flags["STAGES"] == ha.default_stages(D, "fp8", groups)
+
+
 def test_host_layouts():
     bshd = torch.empty(2, 50, 3, 64, dtype=torch.bfloat16).transpose(1, 2)
     view = ha.host_layout(bshd)
