@@ -33,18 +33,21 @@ install() {  # join the two halves of the cutlass cu13 wheel (first half left in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
 }
-smoke() {  # one small call per mode and schedule ($@, default 0 1 2), under a short timeout: a deadlock stops here
+smoke() {  # one small call per mode and schedule ($@, default 0 1 2), under a short timeout: a deadlock stops here;
+    # HEAD_DIM (default 128) and GROUPS (consumer warpgroups to try, default the head dim's own) from the environment
     SCHEDULES="${*:-0 1 2}" timeout 120 python3 - <<'PY' 2>&1 | tail -30
+import os
 import torch
 from ditgate.kernels.hopper_attention import hopper_attention
-import os
-q = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+d = int(os.environ.get("HEAD_DIM", "128"))
+q = torch.randn(1, 1000, 2, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
 ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
 for schedule in map(int, os.environ["SCHEDULES"].split()):
-    for qk in ("plain", "fp8", "int8"):
-        out = hopper_attention(q, q, q, qk=qk, schedule=schedule)
-        torch.cuda.synchronize()
-        print(schedule, qk, "rel", ((out.float() - ref).norm() / ref.norm()).item(), flush=True)
+    for groups in [int(g) for g in os.environ.get("GROUPS", "").split()] or [None]:
+        for qk in ("plain", "fp8", "int8"):
+            out = hopper_attention(q, q, q, qk=qk, schedule=schedule, groups=groups)
+            torch.cuda.synchronize()
+            print(schedule, groups, qk, "rel", ((out.float() - ref).norm() / ref.norm()).item(), flush=True)
 PY
     return "${PIPESTATUS[0]}"
 }
@@ -55,18 +58,7 @@ case "$stage" in
 s6-groups)  # carry .whl (no fa4): three consumer warpgroups (192 query rows) against two; their tests
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
-    timeout 120 python3 - <<'PY' 2>&1 | tail -14
-import torch
-from ditgate.kernels.hopper_attention import hopper_attention
-for d in (64,):
-    q = torch.randn(1, 1000, 2, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
-    for groups in (2, 3):
-        for qk in ("plain", "fp8", "int8"):
-            out = hopper_attention(q, q, q, qk=qk, groups=groups)
-            torch.cuda.synchronize()
-            print(d, groups, qk, "rel", ((out.float() - ref).norm() / ref.norm()).item(), flush=True)
-PY
+    HEAD_DIM=64 GROUPS="2 3" smoke 3 || exit 4
     timeout 110 python3 -m pytest -q tests/test_hopper_kernel.py -k "three_warpgroups or refuses" 2>&1 | tail -4 \
         | tee "$OUT/pytest-hopper.txt"
     timeout 240 python3 benchmarks/hopper_kernel.py --out "$OUT" --shapes ltx-1216x704x257 --schedules 3 4 \
