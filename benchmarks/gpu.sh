@@ -20,6 +20,8 @@
 #   bash benchmarks/gpu.sh s5-ncu        (no carry, warm)      Nsight Compute on the Hopper schedule, FP8 and plain
 #   bash benchmarks/gpu.sh s6-groups     (carry .whl)          no fa4: three consumer warpgroups against two at LTX; tests
 #   bash benchmarks/gpu.sh s6-final      (carry .whl .big/b)   join, install; tests/test_gpu.py; hopper_kernel.py, schedule 3
+#   bash benchmarks/gpu.sh s7-prep       (carry .big/a)        keep the first half; Hopper tests of 128- and 192-row lists
+#   bash benchmarks/gpu.sh s7-tall       (carry .whl .big/b)   join, install; tests/test_gpu.py; the sparse stage at LTX
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -55,6 +57,19 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s7-prep)  # carry .big/a: keep the first half; the Hopper schedule over lists of 128 and 192 query rows (no diffusers)
+    cp .big/a/cu13.partaa /tmp/
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 300 python3 -m pytest -q tests/test_hopper_kernel.py -k "lists or refuses or compiles" 2>&1 | tail -4 \
+        | tee "$OUT/pytest-hopper.txt"
+    ;;
+s7-tall)  # carry .whl .big/b after s7-prep: join, install; GPU tests of the forms; the sparse stage at LTX (192-row rows)
+    install
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
+    timeout 330 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -40
+    ;;
 s6-groups)  # carry .whl (no fa4): three consumer warpgroups (192 query rows) against two; their tests
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

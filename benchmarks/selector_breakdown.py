@@ -57,7 +57,7 @@ def main() -> None:
         sel, sort_sel = TileSelector(args.block, kernels=False), SortSelector(args.block, kernels=False)
         fused = TileSelector(args.block)  # the default on CUDA: the two Triton kernels (kernels.tile_select)
         geo = sel.geometry(layout, dev)
-        n, keep = geo.n_tiles, sel.keep_count(layout, args.budget)
+        n, keep = geo.n_cols, sel.keep_count(layout, args.budget)
         qp, kp = _pool(q, args.block, n), _pool(k, args.block, n)
         scores = torch.einsum("bhmd,bhnd->bhmn", qp, kp)
         # the alternative: pooled = A @ x over the sequence, A [n, S] holding 1 / (tile length)

@@ -9,7 +9,8 @@ bf16; the attach path captures the self-attention inputs of the last block throu
   ("ditgate_plain_hopper", "ditgate_fp8_hopper"), each at the fastest of its schedules timed dense;
 - per budget 1.0 / 0.5 / 0.3 / 0.15 and per pattern (the per-call selector; the static window and radial
   patterns): selection time, then plain (both schedules) / FP8 / compiled flex / fa4's block-sparse path over the
-  selection, each total = selection
+  selection, and at head dim 64 the Hopper schedule over a selection of 192-row query tiles (its three
+  warpgroups; rows "..._hopper_192", selected and timed apart), each total = selection
   + kernel, the speed-up over the best exact dense form, the selection overhead as a share of that
   form's time, and the cosine to the exact dense output (float32 reference) on the captured call;
 - the whole path: ``attach(sparse=..., forms=["block_sparse"], measure=False)`` on the same model, the
@@ -182,39 +183,50 @@ def main() -> None:
         best_name = min(exact, key=exact.get)
         best_ms = exact[best_name]
         selector = TileSelector(BLOCK)
+        # the Hopper schedule's own query tile with lists (192 rows at head dim 64: three warpgroups)
+        tall = hopper.list_rows(D) if hopper is not None and hopper.list_rows(D) != BLOCK else None
         flex = forms["flex"]
         for pattern in ("selected", "window", "radial"):
             for budget in BUDGETS:
-                if pattern == "selected":
-                    def select(budget=budget):
-                        return selector.select(q, k, layout, budget)
-                    sel_ms = bench(select)
-                    lists = select()
-                else:
-                    keep = selector.keep_count(layout, budget)
-                    tiles = static_pattern(pattern, layout, BLOCK, budget, keep)
-                    lists = KeyBlockLists.from_tile_mask(tiles.to(DEVICE), B, H, BLOCK)
-                    sel_ms = 0.0  # computed once per layout and budget, then reused
+                selections = {}  # query rows per tile -> (lists, selection ms)
+                for q_rows in (BLOCK, tall) if tall else (BLOCK,):
+                    if pattern == "selected":
+                        def select(budget=budget, q_rows=q_rows):
+                            return selector.select(q, k, layout, budget, q_rows)
+                        selections[q_rows] = (select(), bench(select))
+                    else:
+                        keep = selector.keep_count(layout, budget, q_rows)
+                        tiles = static_pattern(pattern, layout, BLOCK, budget, keep, q_rows)
+                        # computed once per layout and budget, then reused: no per-call selection
+                        selections[q_rows] = (KeyBlockLists.from_tile_mask(tiles.to(DEVICE), B, H, q_rows, BLOCK), 0.0)
+                lists, sel_ms = selections[BLOCK]
                 if lists is None:  # full budget: the selector says dense
                     row(model=name, row="selector", pattern=pattern, budget=budget, status="dense (budget keeps all)",
                         selection_ms=sel_ms)
                     continue
-                density = lists.density(S)
                 kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count)
                 consumers = {
-                    "ditgate_plain": lambda: quant_attention(q, k, v, qk="plain", scale=scale, config=best_cfg["plain"], **kw),
-                    "ditgate_fp8": lambda: quant_attention(q, k, v, qk="fp8", scale=scale, config=best_cfg["fp8"], **kw),
+                    "ditgate_plain": (BLOCK, lambda: quant_attention(q, k, v, qk="plain", scale=scale,
+                                                                     config=best_cfg["plain"], **kw)),
+                    "ditgate_fp8": (BLOCK, lambda: quant_attention(q, k, v, qk="fp8", scale=scale,
+                                                                   config=best_cfg["fp8"], **kw)),
                 }
                 if hopper is not None:
                     for qk in ("plain", "fp8"):
-                        consumers[f"ditgate_{qk}_hopper"] = lambda qk=qk: hopper.hopper_attention(
-                            q, k, v, qk=qk, scale=scale, schedule=best_schedule[qk], **kw)
+                        consumers[f"ditgate_{qk}_hopper"] = (BLOCK, lambda qk=qk: hopper.hopper_attention(
+                            q, k, v, qk=qk, scale=scale, schedule=best_schedule[qk], groups=2, **kw))
+                        if tall:
+                            tl_ = selections[tall][0]
+                            consumers[f"ditgate_{qk}_hopper_{tall}"] = (tall, lambda qk=qk, tl_=tl_: hopper.hopper_attention(
+                                q, k, v, qk=qk, scale=scale, schedule=best_schedule[qk], groups=tall // 64,
+                                kv_index=tl_.kv_index, kv_count=tl_.kv_count))
                 x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
                 if flex.availability().available:
-                    consumers["flex"] = lambda: flex.run(x)
+                    consumers["flex"] = (BLOCK, lambda: flex.run(x))
                 if forms["fa4_sparse"].availability().available:
-                    consumers["fa4_sparse"] = lambda: forms["fa4_sparse"].run(x)
-                for cname, fn in consumers.items():
+                    consumers["fa4_sparse"] = (BLOCK, lambda: forms["fa4_sparse"].run(x))
+                for cname, (q_rows, fn) in consumers.items():
+                    tiles_ms = selections[q_rows][1]
                     try:
                         ms = bench(fn)
                         cos = compare(fn().float(), ref).cosine
@@ -222,10 +234,10 @@ def main() -> None:
                         row(model=name, row=cname, pattern=pattern, budget=budget,
                             status=f"{type(exc).__name__}: {exc}"[:200])
                         continue
-                    total = ms + sel_ms
-                    row(model=name, row=cname, pattern=pattern, budget=budget, density=density, ms=ms,
-                        selection_ms=sel_ms, total_ms=total, x_best_exact=best_ms / total,
-                        best_exact=best_name, selection_share=sel_ms / best_ms, cosine=cos)
+                    total = ms + tiles_ms
+                    row(model=name, row=cname, pattern=pattern, budget=budget, density=selections[q_rows][0].density(S),
+                        query_rows=q_rows, ms=ms, selection_ms=tiles_ms, total_ms=total, x_best_exact=best_ms / total,
+                        best_exact=best_name, selection_share=tiles_ms / best_ms, cosine=cos)
         save()
         # the whole path: attach with a sparse setting, forced onto ditgate's plain kernel
         setting = ditgate.SparseSetting(ditgate.BudgetSchedule(0.3, dense_steps=0, dense_layers=0), block=BLOCK)

@@ -42,7 +42,7 @@ def test_every_variant_compiles_for_hopper_without_spills():
     reports = _compile_reports()
     assert {(r["qk"], r["head_dim"], r["sparse"], r["groups"]) for r in reports} == {
         (qk, d, s, 2) for qk in ("plain", "fp8", "int8") for d in (64, 128) for s in (False, True)} | {
-        (qk, 64, False, 3) for qk in ("plain", "fp8", "int8")}
+        (qk, 64, s, 3) for qk in ("plain", "fp8", "int8") for s in (False, True)}
     for r in reports:
         assert r["wgmma"] > 0 and r["setmaxnreg"] > 0, r  # tensor-core products; per-partition registers
         assert r["shared_bytes"] <= HOPPER_SMEM and r["spill_bytes"] == 0, r
@@ -191,28 +191,31 @@ def test_three_warpgroups_match_reference(shape, qk, layout):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
 @pytest.mark.parametrize("schedule", ha.SCHEDULES, ids=[f"schedule{s}" for s in ha.SCHEDULES])
 @pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
-def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule):
+def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, groups):
+    """Lists per program: 128 query rows with two warpgroups, 192 with three (the selector's tall tiles)."""
     B, H, S, D = 1, 2, 1000, 64
+    rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=7)
-    n = -(-S // 128)
+    n_m, n = -(-S // rows), -(-S // 128)
     g = torch.Generator(device="cuda").manual_seed(3)
-    keep = torch.rand(B, H, n, n, device="cuda", generator=g) < 0.4
+    keep = torch.rand(B, H, n_m, n, device="cuda", generator=g) < 0.4
     keep[..., -1] = True  # the partial tail block visited (last, masked)
     keep[0, 0, 1] = False  # an empty row: zeros
     count = keep.sum(-1).to(torch.int32)
     index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
-    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, schedule=schedule)
-    tokens = keep.repeat_interleave(128, 2).repeat_interleave(128, 3)[:, :, :S, :S]
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, schedule=schedule, groups=groups)
+    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
     ref = _reference(q, k, v, tokens)
     assert _rel(out, ref) < REL_L2[qk]
-    assert torch.equal(out[0, 0, 128:256], torch.zeros_like(out[0, 0, 128:256]))
+    assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
     assert _rel(out, _reference(q, k, v)) > 0.05  # the selection changed the result
-    every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n, n).contiguous()
+    every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
     listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n),
-                                 schedule=schedule)
-    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, schedule=schedule))
+                                 schedule=schedule, groups=groups)
+    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups))
 
 
 @gpu
@@ -223,9 +226,10 @@ def test_refuses_what_it_cannot_read():
         ha.hopper_attention(q, q.transpose(2, 3).contiguous().transpose(2, 3), q, qk="plain")
     with pytest.raises(ValueError, match="head dim"):
         ha.hopper_attention(q[..., :32], q[..., :32], q[..., :32], qk="fp8")
-    lists = (torch.zeros(1, 2, 2, 2, dtype=torch.int32, device="cuda"),
-             torch.ones(1, 2, 2, dtype=torch.int32, device="cuda"))
-    with pytest.raises(ValueError, match="groups"):
+    q = torch.randn(1, 2, 1000, 64, device="cuda", dtype=torch.bfloat16)
+    lists = (torch.zeros(1, 2, 8, 8, dtype=torch.int32, device="cuda"),
+             torch.ones(1, 2, 8, dtype=torch.int32, device="cuda"))  # per 128 query rows
+    with pytest.raises(ValueError, match="192-row"):
         ha.hopper_attention(q, q, q, qk="plain", kv_index=lists[0], kv_count=lists[1], groups=3)
     with pytest.raises(ValueError, match="groups"):
         ha.hopper_attention(*(torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16),) * 3, groups=3)

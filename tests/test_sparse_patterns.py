@@ -69,3 +69,24 @@ def test_merging_query_blocks_visits_the_union_of_their_keys():
     want = torch.nn.functional.pad(blocks, (0, 0, 0, 1)).view(1, 2, 3, 2, 6).any(3)
     assert torch.equal(coarse.tile_mask(96), want)
     assert torch.all(coarse.token_mask(80, 96) >= fine.token_mask(80, 96))  # a superset, token by token
+
+
+@pytest.mark.parametrize("name", ["window", "radial"])
+def test_static_patterns_over_taller_query_tiles(name):
+    """24-row query tiles over 16-row key tiles: every video query tile keeps the key tiles it overlaps;
+    the window keeps the selector's count, the radial pattern stays within the budget."""
+    rows = 24
+    keep = TileSelector(BLOCK).keep_count(VIDEO, 0.3, rows)
+    tiles = static_pattern(name, VIDEO, BLOCK, 0.3, keep, rows)
+    n_m, n = -(-VIDEO.length // rows), VIDEO.length // BLOCK
+    assert tiles.shape == (n_m, n)
+    for m in range(n_m):
+        first, last = m * rows, min((m + 1) * rows, VIDEO.length) - 1
+        assert tiles[m, first // BLOCK] and tiles[m, last // BLOCK]
+    if name == "window":
+        assert torch.all(tiles.sum(1) == keep)
+    else:
+        assert pattern_density(tiles, VIDEO, BLOCK, rows) <= 0.3 + 1e-9
+    lists = KeyBlockLists.from_tile_mask(tiles, 1, 2, rows, BLOCK)
+    assert (lists.block_m, lists.block_n) == (rows, BLOCK)
+    assert torch.equal(lists.tile_mask(VIDEO.length)[0, 1], tiles)

@@ -143,3 +143,91 @@ def test_pooling_kernel_means_each_tile_and_the_partial_last():
 
     x = torch.randn(2, 37, 3, 16).transpose(1, 2)
     assert torch.allclose(pool_tiles(x, 8), _pool(x, 8, 5), atol=1e-6)
+
+
+def test_taller_query_tiles_keep_every_overlapping_key_tile_and_the_budget():
+    """Query tiles of 12 rows over key tiles of 8 (as 192 over 128): each video query tile overlaps two key
+    tiles and keeps both, plus exactly ``keep`` video tiles in all; text rows stay dense."""
+    lay, sel = _layout(), TileSelector(B)
+    q, k = _qk(5)
+    rows = 12
+    keep = sel.keep_count(lay, 0.3, rows)
+    assert keep == 3
+    lists = sel.select(q, k, lay, 0.3, rows)
+    assert (lists.block_m, lists.block_n) == (rows, B)
+    n_m = -(-lay.length // rows)
+    assert lists.kv_count.shape == (1, 4, n_m)
+    for m in range(n_m):
+        first, last = m * rows, (m + 1) * rows - 1
+        video = last < 10 * B
+        for h in range(4):
+            chosen = lists.kv_index[0, h, m, : lists.kv_count[0, h, m]].tolist()
+            assert chosen == sorted(set(chosen)) and 12 not in chosen  # ascending; padding tile dropped
+            if video:
+                assert first // B in chosen and last // B in chosen  # both overlapped key tiles
+                assert sum(t < 10 for t in chosen) == keep and 10 in chosen and 11 in chosen
+            else:
+                assert chosen == list(range(12))
+    # the lists mean what the token mask says: a video query token sees its own tile's keys
+    mask = lists.token_mask(lay.length, lay.length)
+    assert mask[0, :, torch.arange(80), torch.arange(80)].all()
+
+
+def test_taller_query_tiles_never_keep_fewer_than_their_overlap():
+    lay, sel = TokenLayout.video_then(96), TileSelector(8)  # 12 key tiles, 8 of 12 rows
+    assert sel.keep_count(lay, 0.01) == 1 and sel.keep_count(lay, 0.01, 12) == 2
+
+
+@pytest.mark.parametrize("rows", [12, 24])
+def test_the_triton_kernels_give_the_torch_paths_lists_for_taller_query_tiles(rows):
+    pytest.importorskip("triton")
+    for n, lay in enumerate(_layouts()):
+        g = torch.Generator().manual_seed(10 + n)
+        q = torch.randn(1, lay.length, 4, 16, generator=g).transpose(1, 2)
+        k = torch.randn(1, 2, lay.length, 16, generator=g)
+        want = TileSelector(B, kernels=False).select(q, k, lay, 0.4, rows)
+        got = TileSelector(B, kernels=True).select(q, k, lay, 0.4, rows)
+        assert torch.equal(got.kv_count, want.kv_count)
+        used = torch.arange(got.kv_index.shape[-1]) < got.kv_count[..., None]
+        assert torch.equal(torch.where(used, got.kv_index, -1), torch.where(used, want.kv_index, -1)), lay
+
+
+def test_pooling_kernel_takes_tiles_of_any_height():
+    pytest.importorskip("triton")
+    from ditgate.kernels.tile_select import pool_tiles
+    from ditgate.sparse.selector import _pool
+
+    x = torch.randn(2, 37, 3, 16).transpose(1, 2)
+    assert torch.allclose(pool_tiles(x, 12), _pool(x, 12, 4), atol=1e-6)  # 3 whole tiles and one of 1 row
+
+
+def test_refined_lists_mean_the_same_tokens():
+    lay, sel = _layout(), TileSelector(B)
+    q, k = _qk(8)
+    lists = sel.select(q, k, lay, 0.3, 24)
+    fine = lists.refine_queries(3, lay.length)
+    assert (fine.block_m, fine.block_n) == (8, B)
+    assert torch.equal(fine.token_mask(lay.length, lay.length), lists.token_mask(lay.length, lay.length))
+    with pytest.raises(ValueError, match="split"):
+        lists.refine_queries(5, lay.length)
+
+
+def test_the_sparse_form_serves_taller_lists_as_the_expanded_mask():
+    """block_sparse (the Triton kernel, interpreted) on 48 x 32 lists: split into 16 x 32 blocks."""
+    from ditgate.forms import AttentionInputs, create_forms
+
+    lay, sel = TokenLayout.video_then(224, (("text", 32),)), TileSelector(32)
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=g).to(torch.float16) for _ in range(3))
+    lists = sel.select(q, k, lay, 0.3, 48)
+    assert lists.block_m == 48
+    form = create_forms(["block_sparse"])["block_sparse"]
+    if not form.availability().available:
+        pytest.skip(form.availability().reason)
+    out = form.run(AttentionInputs(q, k, v, attn_mask=lists)).double()
+    mask = lists.token_mask(256, 256)
+    s = (q.double() @ k.double().transpose(-1, -2) / 8).masked_fill(~mask, float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double()
+    dense = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8, -1) @ v.double()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < 1e-2 and ((out - dense).norm() / dense.norm()).item() > 10 * err

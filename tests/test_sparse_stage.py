@@ -128,3 +128,38 @@ def test_the_whole_model_check_judges_sparse_routes_as_they_run_on_sparse_steps(
     plan.detach()
     assert routed and len(checks) == 1
     assert checks[0].cosine < 0.99999  # a check on dense steps would have compared the host with itself
+
+
+def test_a_consumer_that_asks_for_taller_query_tiles_gets_them():
+    """A block-sparse form's ``selection_rows`` sets the selection's query tile (as the Hopper schedule's
+    three warpgroups ask for 192 over 128): here 48 query rows over the setting's 16-row key tiles."""
+    from ditgate.forms.quant import BlockSparseAttention
+
+    class Tall(BlockSparseAttention):
+        spec = dataclasses.replace(BlockSparseAttention.spec, name="tall_sparse")
+        seen: list = []
+
+        def selection_rows(self, call, block):
+            return 3 * block
+
+        def run(self, inputs):
+            self.seen.append(inputs.attn_mask)
+            return super().run(inputs)
+
+    tall = Tall()
+    if not tall.availability().available:
+        pytest.skip(tall.availability().reason)
+    base = get_preset("tiny-wan")  # head dim 64 and 16-bit weights: what the kernel takes
+    preset = dataclasses.replace(base, config=dict(base.config, num_attention_heads=1, attention_head_dim=64),
+                                 geometry=dict(base.geometry, frames=4, height=16, width=16))
+    model = preset.build().to(torch.float16)
+    inputs = {n: x.to(torch.float16) if torch.is_tensor(x) and x.is_floating_point() else x
+              for n, x in preset.inputs(model).items()}
+    ref = _forward(model, inputs, 800)
+    plan = ditgate.attach(model, forms=["tall_sparse"], measure=False, extra_forms=[tall], sparse=_setting())
+    out = _forward(model, inputs, 800)
+    plan.detach()
+    assert tall.seen and all((s.block_m, s.block_n) == (48, 16) for s in tall.seen)
+    assert tall.seen[0].kv_count.shape[-1] == -(-256 // 48)
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
+    assert not torch.equal(out, ref) and cos > 0.9

@@ -239,6 +239,12 @@ class Form:
         """Reasons peculiar to this form beyond the declared envelope."""
         return []
 
+    def selection_rows(self, call: AttentionCall, block: int) -> int | None:
+        """For a block-sparse consumer: the query rows per tile it wants its selection in, the key tiles
+        being ``block`` rows (a kernel whose program covers more query rows than that asks for taller
+        tiles), or None for the sparse setting's square tiles."""
+        return None
+
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         """Compute attention; returns B, H, Sq, Dv in the query's dtype."""
         raise NotImplementedError

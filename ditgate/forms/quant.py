@@ -13,7 +13,9 @@ across all sites of a plan.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import math
 import os
 
 import torch
@@ -67,6 +69,17 @@ class _QuantForm(Form):
             return ["sparse variant: needs key-block lists as the mask"]
         return []
 
+    def selection_rows(self, call: AttentionCall, block: int) -> int | None:
+        """The plain sparse form on Hopper at head dim 64 asks for 192-row query tiles: the schedule's
+        three warpgroups then serve the lists as they do dense calls (``hopper_attention.list_rows``)."""
+        if not self.sparse or call.device_type != "cuda" or not self.availability().available:
+            return None
+        hopper = self._hopper
+        if hopper is None or block != hopper.ROWS_K or (self.qk, call.head_dim, True) not in hopper.FASTER_THAN_TRITON:
+            return None
+        rows = hopper.list_rows(call.head_dim)
+        return rows if rows != block else None
+
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         q = inputs.query
         if self._pool is None:
@@ -76,22 +89,28 @@ class _QuantForm(Form):
         def buffers(shape, dtype, name):
             return pool.get(shape, dtype, q.device, f"{variant}:{name}")
 
-        kw = {}
         lists = None
         if self.sparse:
             lists = inputs.attn_mask
             if not isinstance(lists, self._kernel.KeyBlockLists):
                 raise TypeError(f"{self.name} needs KeyBlockLists as the mask, got {type(lists).__name__}")
-            if lists.block_m != lists.block_n:
-                raise ValueError(f"{self.name} takes square key-block lists, got {lists.block_m}x{lists.block_n}")
-            kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
-                      config=self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_m,
-                                                         tensors=(q, inputs.key, inputs.value)))
         hopper = self._hopper
-        if hopper is not None and hopper.serves(q, inputs.key, inputs.value, self.qk,
-                                                lists.block_m if lists is not None else None):
+        shape = (lists.block_m, lists.block_n) if lists is not None else None
+        if hopper is not None and hopper.serves(q, inputs.key, inputs.value, self.qk, shape):
+            kw = {} if lists is None else dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
+                                               groups=lists.block_m // hopper.ROWS_HALF)
             return hopper.hopper_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                           kv_index=kw.get("kv_index"), kv_count=kw.get("kv_count"), buffers=buffers)
+                                           buffers=buffers, **kw)
+        kw = {}
+        if lists is not None:
+            # taller query blocks than key blocks (192 x 128) split into blocks the Triton kernel tiles
+            # by (64 x 128), each with its block's list: the same token mask
+            rows = math.gcd(lists.block_m, lists.block_n)
+            lists = lists.refine_queries(lists.block_m // rows, q.shape[2])
+            config = self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_n,
+                                                 tensors=(q, inputs.key, inputs.value))
+            kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
+                      config=dataclasses.replace(config, block_m=lists.block_m))
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
                                             buffers=buffers, **kw)
 

@@ -463,12 +463,23 @@ def host_layout(t: torch.Tensor) -> RowView | None:
     return None
 
 
-def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, block: int | None = None) -> bool:
+def list_rows(head_dim: int) -> int:
+    """Query rows per block of the block lists this schedule runs fastest with: one per consumer
+    warpgroup of ``DEFAULT_GROUPS`` (192 at head dim 64, 128 at 128). The selector makes lists of any
+    height (``TileSelector.select(rows=...)``); the key blocks are always ``ROWS_K``."""
+    return ROWS_HALF * DEFAULT_GROUPS[head_dim]
+
+
+def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str,
+           lists: tuple[int, int] | None = None) -> bool:
     """Whether ditgate's forms should run this call here rather than through the Triton schedule: on
     Hopper, where it measured faster (``FASTER_THAN_TRITON``: mode, head dim, and whether block lists
-    of ``block`` tokens come with the call; only 128 here), and in plain mode from storage a descriptor
-    can read (the quantized modes read their own copies)."""
-    if block not in (None, ROWS_Q) or ready(q, k, v) or (qk, q.shape[3], block is not None) not in FASTER_THAN_TRITON:
+    come with the call, ``lists`` being their (query rows, key rows) per block: 128 x 128, or 192 x 128
+    at head dim 64), and in plain mode from storage a descriptor can read (the quantized modes read
+    their own copies)."""
+    if ready(q, k, v) or (qk, q.shape[3], lists is not None) not in FASTER_THAN_TRITON:
+        return False
+    if lists is not None and lists not in ((ROWS_Q, ROWS_K), (list_rows(q.shape[3]), ROWS_K)):
         return False
     return qk != "plain" or all(host_layout(t) is not None for t in (q, k, v))
 
@@ -546,9 +557,10 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """``quant_attention``'s contract (B, H, S, D inputs; 128 x 128 blocks for the lists) on Hopper.
-    ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; dense calls only, as the
-    lists are per 128 rows); by default ``DEFAULT_GROUPS`` for the head dim."""
+    """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
+    ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
+    default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
+    rows: lists per 128 query rows take 2 (the default with lists), per 192 rows 3."""
     if qk not in QK_MODES:
         raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
     if (kv_index is None) != (kv_count is None):
@@ -560,20 +572,21 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     HK = k.shape[1]
     if H % HK:
         raise ValueError(f"{H} query heads are not a multiple of {HK} key/value heads")
-    n_m = -(-SQ // ROWS_Q)
+    if groups is None:
+        groups = 2 if kv_index is not None else DEFAULT_GROUPS[D]
+    if groups not in GROUPS or (groups != 2 and D != 64):
+        raise ValueError(f"groups must be one of {GROUPS} (3 only at head dim 64), not {groups!r}")
     scale = D ** -0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
     if kv_index is not None:
+        rows = ROWS_HALF * groups
+        n_m = -(-SQ // rows)
         if kv_index.shape[:3] != (B, H, n_m) or kv_count.shape != (B, H, n_m):
-            raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for 128-row blocks")
+            raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for {rows}-row query "
+                             f"blocks ({groups} warpgroups)")
         kv_index = kv_index.to(torch.int32).contiguous()
         kv_count = kv_count.to(torch.int32).contiguous()
-    if groups is None:
-        groups = 2 if kv_index is not None else DEFAULT_GROUPS[D]
-    if groups not in GROUPS or (groups != 2 and (kv_index is not None or D != 64)):
-        raise ValueError(f"groups must be one of {GROUPS} (3 only without block lists, at head dim 64), "
-                         f"not {groups!r}")
     qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers,
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:

@@ -50,6 +50,7 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Lau
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
     out = torch.empty_like(q)
     n = -(-S // ha.ROWS_Q)
+    n_m = -(-S // (ha.ROWS_HALF * groups))  # query blocks of the lists: the program's rows
     qz = None
     if qk != "plain":
         e = torch.float8_e4m3fn if qk == "fp8" else torch.int8
@@ -57,7 +58,7 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Lau
         qz = Quantized(torch.empty(H, pad, D, dtype=e), torch.empty(H, pad // ha.ROWS_HALF),
                        torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
-    lists = (torch.zeros(1, H, n, n, dtype=torch.int32), torch.zeros(1, H, n, dtype=torch.int32)) if sparse else (None,) * 2
+    lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups)
 
 
@@ -144,7 +145,7 @@ def main() -> None:
         print(json.dumps([dataclasses.asdict(r) for r in shapes]))
         return
     reports = [compile_report(qk, d, sparse, groups) for qk in ("plain", "fp8", "int8") for d in (64, 128)
-               for sparse, groups in ((False, 2), (True, 2), (False, 3)) if groups == 2 or d == 64]
+               for sparse, groups in ((False, 2), (True, 2), (False, 3), (True, 3)) if groups == 2 or d == 64]
     print(json.dumps([dataclasses.asdict(r) for r in reports]))
 
 

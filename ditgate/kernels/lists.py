@@ -25,9 +25,11 @@ class KeyBlockLists:
     block_n: int
 
     @classmethod
-    def from_tile_mask(cls, tiles: torch.Tensor, batch: int, heads: int, block: int) -> KeyBlockLists:
-        """Lists from a bool [n, n] tile mask shared by every batch and head (a static pattern)."""
-        return cls.from_block_mask(tiles.expand(batch, heads, *tiles.shape), block, block)
+    def from_tile_mask(cls, tiles: torch.Tensor, batch: int, heads: int, block: int,
+                       block_n: int | None = None) -> KeyBlockLists:
+        """Lists from a bool [n_m, n_n] tile mask shared by every batch and head (a static pattern);
+        ``block`` query rows per tile, ``block_n`` key rows (by default ``block``)."""
+        return cls.from_block_mask(tiles.expand(batch, heads, *tiles.shape), block, block_n or block)
 
     def tile_mask(self, seq_k: int) -> torch.Tensor:
         """Bool [B, H, n_query_blocks, n_key_blocks]: which tiles these lists visit."""
@@ -57,6 +59,19 @@ class KeyBlockLists:
         blocks = torch.nn.functional.pad(blocks, (0, 0, 0, rows * factor - n_m))
         return KeyBlockLists.from_block_mask(blocks.view(B, H, rows, factor, n_n).any(3), self.block_m * factor,
                                              self.block_n)
+
+    def refine_queries(self, factor: int, seq_q: int) -> KeyBlockLists:
+        """The same selection for query blocks ``factor`` times shorter: each inherits the list of the
+        block it lies in, so the token mask is unchanged (a 192-row selection for a consumer whose
+        query tiles are 64 rows)."""
+        if factor == 1:
+            return self
+        if self.block_m % factor:
+            raise ValueError(f"{self.block_m}-row query blocks do not split into {factor}")
+        n_m = _cdiv(seq_q, self.block_m // factor)
+        return KeyBlockLists(self.kv_index.repeat_interleave(factor, 2)[:, :, :n_m].contiguous(),
+                             self.kv_count.repeat_interleave(factor, 2)[:, :, :n_m].contiguous(),
+                             self.block_m // factor, self.block_n)
 
     def index_per_key_block(self, seq_k: int) -> torch.Tensor:
         """``kv_index`` with exactly one slot per key block (flex's BlockMask and fa4 want that width)."""

@@ -21,30 +21,33 @@ import triton.language as tl
 
 
 @triton.jit
-def _pool_kernel(X, OUT, sxb, sxh, sxs, sxd, H, S, n, D: tl.constexpr, BLOCK: tl.constexpr):
+def _pool_kernel(X, OUT, sxb, sxh, sxs, sxd, H, S, n, block, D: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     bh = tl.program_id(1)
-    rows = t * BLOCK + tl.arange(0, BLOCK)
+    end = tl.minimum(S, (t + 1) * block)  # a tile of ``block`` rows; BLOCK is that rounded up to a power of two
+    rows = t * block + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     x = tl.load(X + (bh // H) * sxb + (bh % H) * sxh + rows[:, None] * sxs + cols[None, :] * sxd,
-                mask=rows[:, None] < S, other=0.0).to(tl.float32)
-    count = tl.minimum(S - t * BLOCK, BLOCK).to(tl.float32)
+                mask=rows[:, None] < end, other=0.0).to(tl.float32)
+    count = (end - t * block).to(tl.float32)
     tl.store(OUT + (bh * n + t) * D + cols, tl.sum(x, axis=0) / count)
 
 
 def pool_tiles(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Float32 [B, H, n, D] mean of each ``block`` rows of a B, H, S, D tensor (any strides)."""
+    """Float32 [B, H, n, D] mean of each ``block`` rows of a B, H, S, D tensor (any strides; ``block``
+    need not be a power of two, 192 for three-warpgroup query tiles)."""
     B, H, S, D = x.shape
     n = -(-S // block)
     out = torch.empty(B, H, n, D, dtype=torch.float32, device=x.device)
-    _pool_kernel[(n, B * H)](x, out, *x.stride(), H, S, n, D=D, BLOCK=block, num_warps=4)
+    _pool_kernel[(n, B * H)](x, out, *x.stride(), H, S, n, block, D=D, BLOCK=triton.next_power_of_2(block),
+                             num_warps=4)
     return out
 
 
 @triton.jit
-def _choose_kernel(SCORES, FIXED, FIXED_SCORE, ALWAYS, INDEX, n, width, keep, N: tl.constexpr):
-    row = tl.program_id(0)  # (batch · head) · n + query tile
-    m = row % n
+def _choose_kernel(SCORES, FIXED, FIXED_SCORE, ALWAYS, INDEX, n_m, n, width, keep, N: tl.constexpr):
+    row = tl.program_id(0)  # (batch · head) · n_m + query tile; n key tiles per row
+    m = row % n_m
     cols = tl.arange(0, N)
     valid = cols < n
     s = tl.load(SCORES + row * n + cols, mask=valid, other=float("-inf"))
@@ -67,14 +70,15 @@ def _choose_kernel(SCORES, FIXED, FIXED_SCORE, ALWAYS, INDEX, n, width, keep, N:
 
 def choose_and_list(scores: torch.Tensor, fixed: torch.Tensor, fixed_score: torch.Tensor, always: torch.Tensor,
                     keep: int, width: int) -> torch.Tensor:
-    """Int32 [B, H, n, width] ascending key-tile lists from float32 [B, H, n, n] pooled scores.
+    """Int32 [B, H, n_m, width] ascending key-tile lists from float32 [B, H, n_m, n] pooled scores (n_m
+    query tiles, n key tiles).
 
-    ``fixed`` / ``fixed_score`` / ``always`` are the layout's [n, n] geometry (see selector._Geometry;
+    ``fixed`` / ``fixed_score`` / ``always`` are the layout's [n_m, n] geometry (see selector._Geometry;
     the two masks as int8, nonzero meaning set);
     ``keep`` the tiles chosen per row by score, ``width`` the lists' length."""
-    B, H, n, _ = scores.shape
+    B, H, n_m, n = scores.shape
     scores = scores.contiguous()
-    index = torch.empty(B, H, n, width, dtype=torch.int32, device=scores.device)
-    _choose_kernel[(B * H * n,)](scores, fixed, fixed_score, always, index, n, width, keep,
+    index = torch.empty(B, H, n_m, width, dtype=torch.int32, device=scores.device)
+    _choose_kernel[(B * H * n_m,)](scores, fixed, fixed_score, always, index, n_m, n, width, keep,
                                  N=triton.next_power_of_2(n), num_warps=4)
     return index

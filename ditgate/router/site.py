@@ -107,7 +107,7 @@ class SiteRouter:
         if stage is None:
             return call, inputs, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))"
         sel = stage.selection(self.name, self.module_path, self.role or self.role_hint, inputs.query, inputs.key,
-                              measuring)
+                              measuring, rows=form.selection_rows(call, stage.setting.block))
         if sel.lists is None:
             return call, inputs, f"sparse: {sel.reason}"
         return (dataclasses.replace(call, mask=MaskKind.BLOCK), dataclasses.replace(inputs, attn_mask=sel.lists), "")

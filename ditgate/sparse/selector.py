@@ -6,7 +6,9 @@ tile the best key tiles are kept within ``budget`` (a fraction of the sparsifiab
 rounded up to a whole count that is the same for every row, so no shape depends on data); the diagonal
 and every pinned (non-video) key tile are always kept; non-video query tiles keep everything; padding
 key tiles are dropped. Geometry that depends only on the layout and the tile size is computed once per
-selector and layout, on the host, so the per-call path never reads a device value back. Lists are
+selector and layout, on the host, so the per-call path never reads a device value back. Query tiles may be taller than key tiles (``rows``): a consumer whose program covers 192 query rows (the
+Hopper schedule's three warpgroups at head dim 64) asks for 192 x 128 tiles; a query tile's diagonal is
+then every key tile it overlaps (two). Lists are
 assembled without a sort (a tile's slot is its rank among its row's kept tiles): on the H200 that cut
 the selection from 0.67 to 0.41 ms at LTX's 27588 tokens (benchmarks/results/2026-12-02-h200-s3).
 """
@@ -26,19 +28,29 @@ from .layout import TokenLayout
 
 @dataclass(frozen=True)
 class _Geometry:
-    n_tiles: int
+    n_rows: int  # query tiles
+    n_cols: int  # key tiles
     candidates: int  # sparsifiable key tiles
-    sparse: torch.Tensor  # bool [n] on the device
-    n_pinned: int  # pinned (non-video, non-padding) tiles: kept by every video row
-    width: int  # non-padding tiles: what a non-video row keeps, and the lists' length
+    diagonal: int  # most video key tiles a video query tile overlaps (kept always; 1 for square tiles)
+    sparse: torch.Tensor  # bool [n_rows] on the device: video query tiles
+    n_pinned: int  # pinned (non-video, non-padding) key tiles: kept by every video row
+    width: int  # non-padding key tiles: what a non-video row keeps, and the lists' length
     # fixed scores, one ``where`` per call: -inf for key tiles that do not compete (pinned, padding),
     # +inf on a video tile's diagonal (always kept)
-    fixed: torch.Tensor  # bool [n, n]
-    fixed_score: torch.Tensor  # float32 [n, n]
-    always: torch.Tensor  # bool [n, n]: pinned key tiles, and every non-padding tile of a non-video row
-    columns: torch.Tensor  # int32 [n]: 0 .. n-1
+    fixed: torch.Tensor  # bool [n_rows, n_cols]
+    fixed_score: torch.Tensor  # float32 [n_rows, n_cols]
+    always: torch.Tensor  # bool [n_rows, n_cols]: pinned key tiles, every non-padding tile of a non-video row
+    columns: torch.Tensor  # int32 [n_cols]: 0 .. n_cols-1
     fixed_i8: torch.Tensor  # ``fixed`` and ``always`` as int8, for the Triton kernels
     always_i8: torch.Tensor
+
+
+def overlapping(length: int, rows: int, block: int) -> torch.Tensor:
+    """Bool [query tiles, key tiles]: which key tiles of ``block`` tokens share a token with each query
+    tile of ``rows`` tokens (the identity for square tiles)."""
+    q = torch.arange(-(-length // rows))
+    k = torch.arange(-(-length // block))
+    return (q[:, None] * rows < (k[None, :] + 1) * block) & (k[None, :] * block < (q[:, None] + 1) * rows)
 
 
 def _pool(x: torch.Tensor, block: int, n: int) -> torch.Tensor:
@@ -55,69 +67,79 @@ class TileSelector:
     torch path; by default on CUDA devices where Triton is installed. Both give the same lists."""
 
     def __init__(self, block: int = 128, kernels: bool | None = None) -> None:
-        self.block = block
+        self.block = block  # key tile, and query tile unless a call asks for taller ones (``rows``)
         self.kernels = kernels
         self._triton = importlib.util.find_spec("triton") is not None  # once, not on every call
         self._geometry: dict[tuple, _Geometry] = {}  # owned by this selector (one plan), never module-level
         self._count_cache: dict[tuple, torch.Tensor] = {}
 
-    def geometry(self, layout: TokenLayout, device: torch.device) -> _Geometry:
-        key = (layout, str(device))
+    def geometry(self, layout: TokenLayout, device: torch.device, rows: int | None = None) -> _Geometry:
+        rows = rows or self.block
+        key = (layout, str(device), rows)
         if key not in self._geometry:
+            sparse_q = layout.tile_sparsifiable(rows)
             sparse = layout.tile_sparsifiable(self.block)
             pad = layout.tile_padding(self.block)
             pinned = ~sparse & ~pad
-            n = sparse.numel()
-            diagonal = torch.eye(n, dtype=torch.bool) & sparse[:, None]
+            diagonal = overlapping(layout.length, rows, self.block) & sparse_q[:, None] & sparse[None, :]
             fixed = diagonal | ~sparse[None, :]
             fixed_score = torch.where(diagonal, float("inf"), float("-inf"))
-            always = pinned[None, :] | (~sparse[:, None] & ~pad[None, :])
+            always = pinned[None, :] | (~sparse_q[:, None] & ~pad[None, :])
+            n = sparse.numel()
             self._geometry[key] = _Geometry(
-                n_tiles=n, candidates=int(sparse.sum()), sparse=sparse.to(device),
+                n_rows=sparse_q.numel(), n_cols=n, candidates=int(sparse.sum()),
+                diagonal=int(diagonal.sum(1).max()) if diagonal.numel() else 0, sparse=sparse_q.to(device),
                 n_pinned=int(pinned.sum()), width=int((~pad).sum()),
                 fixed=fixed.to(device), fixed_score=fixed_score.to(device),
                 always=always.to(device), columns=torch.arange(n, dtype=torch.int32, device=device),
                 fixed_i8=fixed.to(torch.int8).to(device), always_i8=always.to(torch.int8).to(device))
         return self._geometry[key]
 
-    def keep_count(self, layout: TokenLayout, budget: float) -> int:
-        """Video key tiles kept per video query tile (diagonal included) at ``budget``."""
+    def keep_count(self, layout: TokenLayout, budget: float, rows: int | None = None) -> int:
+        """Video key tiles kept per video query tile (diagonal included) at ``budget``; never fewer than
+        the diagonal's tiles, which are always kept."""
         if not 0 < budget <= 1:
             raise ValueError(f"budget must lie in (0, 1], got {budget}")
-        c = self.geometry(layout, torch.device("cpu")).candidates
-        return max(1, min(c, math.ceil(budget * c - 1e-9)))
+        geo = self.geometry(layout, torch.device("cpu"), rows)
+        c = geo.candidates
+        return max(1, geo.diagonal, min(c, math.ceil(budget * c - 1e-9)))
 
-    def select(self, q: torch.Tensor, k: torch.Tensor, layout: TokenLayout, budget: float) -> KeyBlockLists | None:
-        """Lists for B, H, S, D ``q`` and B, Hkv, S, D ``k`` of one self-attention call; None means dense."""
+    def select(self, q: torch.Tensor, k: torch.Tensor, layout: TokenLayout, budget: float,
+               rows: int | None = None) -> KeyBlockLists | None:
+        """Lists for B, H, S, D ``q`` and B, Hkv, S, D ``k`` of one self-attention call; None means dense.
+        ``rows``: query rows per tile (by default the key tile's ``block``)."""
         B, H, S, D = q.shape
         HK = k.shape[1]
         if k.shape[2] != S or S != layout.length:
             raise ValueError(f"layout covers {layout.length} tokens; q has {S}, k has {k.shape[2]}")
-        geo = self.geometry(layout, q.device)
-        keep = self.keep_count(layout, budget)
+        rows = rows or self.block
+        if rows <= 0:
+            raise ValueError(f"query tiles need a positive row count, not {rows}")
+        geo = self.geometry(layout, q.device, rows)
+        keep = self.keep_count(layout, budget, rows)
         if keep >= geo.candidates:
             return None
-        n, bt = geo.n_tiles, self.block
-        counts = self._counts(layout, q.device, keep).expand(B, H, n).contiguous()
+        n_m, n = geo.n_rows, geo.n_cols
+        counts = self._counts(layout, q.device, keep, rows).expand(B, H, n_m).contiguous()
         if self._use_kernels(q):
             from ..kernels import tile_select
 
-            qp, kp = tile_select.pool_tiles(q, bt), tile_select.pool_tiles(k, bt)
-            scores = torch.matmul(qp.view(B, HK, H // HK * n, D), kp.transpose(-1, -2)).view(B, H, n, n)
+            qp, kp = tile_select.pool_tiles(q, rows), tile_select.pool_tiles(k, self.block)
+            scores = torch.matmul(qp.view(B, HK, H // HK * n_m, D), kp.transpose(-1, -2)).view(B, H, n_m, n)
             index = tile_select.choose_and_list(scores, geo.fixed_i8, geo.fixed_score, geo.always_i8, keep, geo.width)
-            return KeyBlockLists(index, counts, self.block, self.block)
-        qp, kp = _pool(q, bt, n), _pool(k, bt, n)
-        scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n, D), kp).reshape(B, H, n, n)
+            return KeyBlockLists(index, counts, rows, self.block)
+        qp, kp = _pool(q, rows, n_m), _pool(k, self.block, n)
+        scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n_m, D), kp).reshape(B, H, n_m, n)
         scores = torch.where(geo.fixed, geo.fixed_score, scores)  # only video key tiles compete; diagonal wins
-        chosen = self._best(scores, keep)  # [B, H, n, keep], video tiles only
+        chosen = self._best(scores, keep)  # [B, H, n_m, keep], video tiles only
         # ascending lists without a sort: mark the kept tiles, then each kept tile's rank among its row's
         # kept tiles (a running count) is its slot; unkept tiles write to a spill slot that is cut off
-        kept = torch.zeros(B, H, n, n, dtype=torch.bool, device=q.device).scatter_(-1, chosen, True) | geo.always
+        kept = torch.zeros(B, H, n_m, n, dtype=torch.bool, device=q.device).scatter_(-1, chosen, True) | geo.always
         width = geo.width
         slot = torch.where(kept, kept.cumsum(-1, dtype=torch.int32) - 1, width).long()
-        index = torch.zeros(B, H, n, width + 1, dtype=torch.int32, device=q.device)
-        index.scatter_(-1, slot, geo.columns.expand(B, H, n, n))
-        return KeyBlockLists(index[..., :width].contiguous(), counts, self.block, self.block)
+        index = torch.zeros(B, H, n_m, width + 1, dtype=torch.int32, device=q.device)
+        index.scatter_(-1, slot, geo.columns.expand(B, H, n_m, n))
+        return KeyBlockLists(index[..., :width].contiguous(), counts, rows, self.block)
 
     def _use_kernels(self, q: torch.Tensor) -> bool:
         if self.kernels is not None:
@@ -129,10 +151,10 @@ class TileSelector:
         """Indices of the ``keep`` highest scores of each row (any order)."""
         return scores.topk(keep, dim=-1, sorted=False).indices
 
-    def _counts(self, layout: TokenLayout, device: torch.device, keep: int) -> torch.Tensor:
+    def _counts(self, layout: TokenLayout, device: torch.device, keep: int, rows: int) -> torch.Tensor:
         """Tiles per query row: ``keep`` video tiles plus the pinned ones, or every non-padding tile."""
-        key = (layout, str(device), keep)
+        key = (layout, str(device), keep, rows)
         if key not in self._count_cache:
-            geo = self.geometry(layout, device)
+            geo = self.geometry(layout, device, rows)
             self._count_cache[key] = torch.where(geo.sparse, keep + geo.n_pinned, geo.width).to(torch.int32)
         return self._count_cache[key]

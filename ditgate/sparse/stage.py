@@ -109,7 +109,9 @@ class SparseStage:
 
     # --- per call ----------------------------------------------------------------------------------
     def selection(self, site_name: str, module_path: str, role: str, q: torch.Tensor, k: torch.Tensor,
-                  measuring: bool) -> Selection:
+                  measuring: bool, rows: int | None = None) -> Selection:
+        """``rows``: query rows per tile, for a consumer that asks for tiles taller than the setting's
+        ``block`` (``Form.selection_rows``); the key tiles stay ``block``."""
         schedule = self.setting.schedule
         measuring = measuring or self.checking
         denoiser = self._denoiser_of.get(module_path)
@@ -134,22 +136,23 @@ class SparseStage:
         if self.selector.geometry(layout, torch.device("cpu")).candidates < 2:
             return self._dense(site_name, q, f"fewer than two whole video tiles of {self.setting.block} tokens", budget)
         if self.setting.pattern == SELECTED:
-            lists = self.selector.select(q, k, layout, budget)
+            lists = self.selector.select(q, k, layout, budget, rows)
         elif layout.grid is None:
             return self._dense(site_name, q, f"the {self.setting.pattern} pattern needs the latent grid, "
                                              f"which {layout.source or 'this layout'} does not give", budget)
         else:
-            lists = self._static(layout, budget, q)
+            lists = self._static(layout, budget, q, rows)
         if lists is None:
             return Selection(None, budget, f"budget {budget} keeps every tile")
         return Selection(lists, budget)
 
-    def _static(self, layout: TokenLayout, budget: float, q: torch.Tensor) -> KeyBlockLists:
-        key = (layout, budget, q.shape[0], q.shape[1], str(q.device))
+    def _static(self, layout: TokenLayout, budget: float, q: torch.Tensor, rows: int | None) -> KeyBlockLists:
+        rows = rows or self.setting.block
+        key = (layout, budget, q.shape[0], q.shape[1], str(q.device), rows)
         if key not in self._patterns:
-            keep = self.selector.keep_count(layout, budget)
-            tiles = static_pattern(self.setting.pattern, layout, self.setting.block, budget, keep)
-            self._patterns[key] = KeyBlockLists.from_tile_mask(tiles.to(q.device), q.shape[0], q.shape[1],
+            keep = self.selector.keep_count(layout, budget, rows)
+            tiles = static_pattern(self.setting.pattern, layout, self.setting.block, budget, keep, rows)
+            self._patterns[key] = KeyBlockLists.from_tile_mask(tiles.to(q.device), q.shape[0], q.shape[1], rows,
                                                               self.setting.block)
         return self._patterns[key]
 
