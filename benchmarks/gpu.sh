@@ -22,6 +22,9 @@
 #   bash benchmarks/gpu.sh s6-final      (carry .whl .big/b)   join, install; tests/test_gpu.py; hopper_kernel.py, schedule 3
 #   bash benchmarks/gpu.sh s7-prep       (carry .big/a)        keep the first half; Hopper tests of 128- and 192-row lists
 #   bash benchmarks/gpu.sh s7-tall       (carry .whl .big/b)   join, install; tests/test_gpu.py; the sparse stage at LTX
+#   bash benchmarks/gpu.sh s7-selector   (carry .big/a)        keep the first half; the selector's parts (192-row tiles too)
+#   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
+#   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage, both models
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -30,10 +33,12 @@ mkdir -p "$OUT"
 SITE=/tmp/site
 export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD"
 export PYTHONUNBUFFERED=1
-install() {  # join the two halves of the cutlass cu13 wheel (first half left in /tmp by prep), install all wheels
-    cat /tmp/cu13.partaa .big/b/cu13.partab > /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+CU13=/tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+install() {  # join the two halves of the cutlass cu13 wheel (first half left in /tmp by prep; or joined already by
+    # `join`, when the working tree with .whl and .big/b together is over the 64 MiB a call carries), install all wheels
+    if [ -f .big/b/cu13.partab ]; then cat /tmp/cu13.partaa .big/b/cu13.partab > "$CU13"; fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        .whl/*.whl /tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+        .whl/*.whl "$CU13" || exit 1
 }
 smoke() {  # one small call per mode and schedule ($@, default 0 1 2), under a short timeout: a deadlock stops here;
     # HEAD_DIM (default 128) and GROUPS (consumer warpgroups to try, default the head dim's own) from the environment
@@ -62,6 +67,21 @@ s7-prep)  # carry .big/a: keep the first half; the Hopper schedule over lists of
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 300 python3 -m pytest -q tests/test_hopper_kernel.py -k "lists or refuses or compiles" 2>&1 | tail -4 \
         | tee "$OUT/pytest-hopper.txt"
+    ;;
+s7-selector)  # carry .big/a: keep the first half; where the selector's time goes (no diffusers needed)
+    cp .big/a/cu13.partaa /tmp/
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{" | tail -40
+    ;;
+join)  # carry .big/b after a stage that left the first half in /tmp
+    cat /tmp/cu13.partaa .big/b/cu13.partab > "$CU13" && ls -la "$CU13"
+    ;;
+s7-final)  # carry .whl after join: install; GPU tests of the forms; the sparse stage at both shapes
+    install
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
+    timeout 360 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32" | grep -v "radial\|window" | tail -40
     ;;
 s7-tall)  # carry .whl .big/b after s7-prep: join, install; GPU tests of the forms; the sparse stage at LTX (192-row rows)
     install

@@ -2,7 +2,7 @@
 
 Per shape (bf16 random Q, K as B, S, H, D storage seen as B, H, S, D; one video layout, block 128):
 the whole ``TileSelector.select`` at budget 0.3 through the torch path and through the two Triton
-kernels (the default on CUDA; whether both give the same lists is printed and recorded), then parts
+kernels (also with 192-row query tiles) (the default on CUDA; whether both give the same lists is printed and recorded), then parts
 timed alone (pooling Q, pooling K, tile scores, top-k, each kernel), and one alternative pooling (a bf16 matrix product with a fixed
 [tiles, S] averaging matrix, fp32 accumulation), with its largest difference to the float32 pooled
 means. Medians of CUDA-event samples after warm-up; the fa4 dense time of each shape is in
@@ -82,7 +82,11 @@ def main() -> None:
         parts = {
             "select (whole)": lambda: sel.select(q, k, layout, args.budget),
             "select (Triton kernels)": lambda: fused.select(q, k, layout, args.budget),
+            "select 192-row (Triton)": lambda: fused.select(q, k, layout, args.budget, 192),
             "pool q (kernel)": lambda: pool_tiles(q, args.block),
+            "pool q 192 (kernel)": lambda: pool_tiles(q, 192),
+            "pool k (kernel)": lambda: pool_tiles(k, args.block),
+            "scores (matmul)": lambda: torch.matmul(qp, kp.transpose(-1, -2)),
             "choose and list (kernel)": lambda: choose_and_list(scores, geo.fixed_i8, geo.fixed_score, geo.always_i8,
                                                                 keep, geo.width),
             "pool q": lambda: _pool(q, args.block, n),

@@ -55,26 +55,29 @@ def test_gated_attach_on_cuda_is_exact_after_detach():
         assert torch.equal(model_output(model(**inputs)), host)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_sparse_forms_equal_attention_under_the_expanded_mask(head_dim):
+@pytest.mark.parametrize("head_dim,rows", [(64, 128), (128, 128), (64, 192)])
+def test_sparse_forms_equal_attention_under_the_expanded_mask(head_dim, rows):
     """Every available block-sparse consumer (ours, flex, fa4's) against float32 SDPA under the
-    token-expanded mask of one random selection (odd length: the tail block is partial)."""
+    token-expanded mask of one random selection (odd length: the tail block is partial). With 192-row query
+    blocks (what the plain and FP8 forms ask for at head dim 64 on Hopper) only ditgate's forms take them:
+    plain and FP8 on three warpgroups, INT8 on the Triton kernel split into 64-row blocks."""
     from ditgate.kernels.lists import KeyBlockLists
 
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
     S, H, block = 1000, 4, 128
     q, k, v = (torch.randn(1, S, H, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
                for _ in range(3))
-    n = -(-S // block)
-    tiles = torch.rand(1, H, n, n, device="cuda", generator=gen) < 0.4
-    tiles |= torch.eye(n, dtype=torch.bool, device="cuda")  # every row keeps its diagonal
-    lists = KeyBlockLists.from_block_mask(tiles, block, block)
+    n, n_m = -(-S // block), -(-S // rows)
+    tiles = torch.rand(1, H, n_m, n, device="cuda", generator=gen) < 0.4
+    tiles[..., torch.arange(n_m), torch.arange(n_m) * rows // block] = True  # every row keeps its diagonal
+    lists = KeyBlockLists.from_block_mask(tiles, rows, block)
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                            attn_mask=lists.token_mask(S, S))
     dense = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
     call = describe_call(q, k, v, lists, 0.0, False, False, torch.cuda.get_device_capability())
     ran = []
-    for name in ("block_sparse", "fp8_sparse", "int8_sparse", "flex_sparse", "fa4_sparse"):
+    names = ("block_sparse", "fp8_sparse", "int8_sparse") + (("flex_sparse", "fa4_sparse") if rows == block else ())
+    for name in names:
         form = create_forms([name])[name]
         if form.not_supported_reasons(call):
             continue
@@ -84,3 +87,18 @@ def test_sparse_forms_equal_attention_under_the_expanded_mask(head_dim):
         assert compare(out, dense).cosine < compare(out, ref).cosine - 1e-3, name  # the selection mattered
         ran.append(name)
     assert "block_sparse" in ran
+
+
+def test_sparse_forms_ask_for_the_query_tiles_their_schedule_takes():
+    """On Hopper at head dim 64, plain and FP8 ask the stage for 192-row tiles; INT8, head dim 128 and
+    key tiles other than 128 keep the setting's square tiles."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the three-warpgroup schedule is Hopper's")
+    forms = create_forms(["block_sparse", "fp8_sparse", "int8_sparse"])
+    for d in (64, 128):
+        q = torch.randn(1, 2, 256, d, device="cuda", dtype=torch.bfloat16)
+        call = describe_call(q, q, q, None, 0.0, False, False, torch.cuda.get_device_capability())
+        rows = {name: form.selection_rows(call, 128) for name, form in forms.items()}
+        want = 192 if d == 64 else None
+        assert rows == {"block_sparse": want, "fp8_sparse": want, "int8_sparse": None}, d
+        assert forms["block_sparse"].selection_rows(call, 64) is None

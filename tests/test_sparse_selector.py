@@ -231,3 +231,13 @@ def test_the_sparse_form_serves_taller_lists_as_the_expanded_mask():
     dense = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8, -1) @ v.double()
     err = ((out - ref).norm() / ref.norm()).item()
     assert err < 1e-2 and ((out - dense).norm() / dense.norm()).item() > 10 * err
+
+
+def test_sparse_forms_keep_square_tiles_off_hopper():
+    from ditgate.forms import create_forms
+    from ditgate.forms.base import describe_call
+
+    q = torch.randn(1, 2, 256, 64, dtype=torch.float16)
+    call = describe_call(q, q, q, None, 0.0, False, False, None)
+    for name, form in create_forms(["block_sparse", "fp8_sparse", "flex_sparse"]).items():
+        assert form.selection_rows(call, 128) is None, name

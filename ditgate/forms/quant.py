@@ -70,15 +70,18 @@ class _QuantForm(Form):
         return []
 
     def selection_rows(self, call: AttentionCall, block: int) -> int | None:
-        """The plain sparse form on Hopper at head dim 64 asks for 192-row query tiles: the schedule's
-        three warpgroups then serve the lists as they do dense calls (``hopper_attention.list_rows``)."""
+        """On Hopper at head dim 64 the plain and FP8 sparse forms ask for 192-row query tiles: the
+        schedule's three warpgroups then serve the lists as they do dense calls, where that measured
+        faster (``hopper_attention.list_rows``, ``FASTER_THAN_TRITON``)."""
         if not self.sparse or call.device_type != "cuda" or not self.availability().available:
             return None
         hopper = self._hopper
-        if hopper is None or block != hopper.ROWS_K or (self.qk, call.head_dim, True) not in hopper.FASTER_THAN_TRITON:
+        if hopper is None or block != hopper.ROWS_K:
             return None
         rows = hopper.list_rows(call.head_dim)
-        return rows if rows != block else None
+        if rows == block or (self.qk, call.head_dim, rows) not in hopper.FASTER_THAN_TRITON:
+            return None
+        return rows
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         q = inputs.query

@@ -53,16 +53,18 @@ DEFAULT_SCHEDULE = {"plain": 3, "fp8": 3, "int8": 3}
 # 11.76-12.05, INT8 11.36-11.70 against 13.72-13.76. At head dim 128 three spill and lose (h: FP8 27.37 against
 # 26.76 ms at Wan-14B, plain 75.1 against 33.2)
 DEFAULT_GROUPS = {64: 3, 128: 2}
-# (mode, head dim, block-sparse) where this schedule measured faster than the Triton one in the same runs, so
-# ditgate's forms run it there. Dense: plain 34.7 / 13.9 ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against
-# 27.5 and 27.6 against 27.7 at Wan in two runs; INT8 28.4 against 29.9 at Wan. At LTX (head dim 64) with three
-# warpgroups (s6, g): FP8 10.81 against 11.96, INT8 11.70 against 12.62 (with two they tied or lost). Block
-# lists from the selector at budget 0.3: plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 9.7 against 9.8 at Wan,
-# but 6.5 against 5.5 at budget 0.15 and 4.7 against 4.4 at LTX, so Triton keeps the quantized sparse calls
-# (why the lists cost this schedule more is not measured yet; it runs one program per multiprocessor, so a
-# list's pipeline fill is not hidden behind another program's work).
-FASTER_THAN_TRITON = frozenset({("plain", 64, False), ("plain", 128, False), ("plain", 64, True), ("plain", 128, True),
-                                ("fp8", 64, False), ("fp8", 128, False), ("int8", 64, False), ("int8", 128, False)})
+# (mode, head dim, query rows per block of the block lists or None for dense calls) where this schedule
+# measured faster than the Triton one in the same runs, so ditgate's forms run it there. Dense: plain 34.7 / 13.9
+# ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against 27.5 and 27.6 against 27.7 at Wan in two runs; INT8
+# 28.4 against 29.9 at Wan. At LTX (head dim 64) with three warpgroups (s6, g): FP8 10.81 against 11.96, INT8
+# 11.70 against 12.62 (with two they tied or lost). Lists of 128 query rows from the selector at budget 0.3:
+# plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 lost at LTX (4.7 against 4.4) and at Wan at budget 0.15 (6.5
+# against 5.5), so it keeps those on Triton. Lists of 192 rows (three warpgroups, head dim 64; LTX, s7): plain
+# 4.08 ms at budget 0.3 against 4.49 with 128-row lists and 4.61 on Triton; FP8 4.11 against Triton's 4.41
+# (0.5: 5.83 against 6.96; 0.15: 2.61 against 2.61). INT8 with lists stays on Triton (not measured here).
+FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
+                                ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
+                                ("int8", 64, None), ("int8", 128, None)})
 
 
 @gluon.constexpr_function
@@ -473,13 +475,15 @@ def list_rows(head_dim: int) -> int:
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str,
            lists: tuple[int, int] | None = None) -> bool:
     """Whether ditgate's forms should run this call here rather than through the Triton schedule: on
-    Hopper, where it measured faster (``FASTER_THAN_TRITON``: mode, head dim, and whether block lists
-    come with the call, ``lists`` being their (query rows, key rows) per block: 128 x 128, or 192 x 128
-    at head dim 64), and in plain mode from storage a descriptor can read (the quantized modes read
-    their own copies)."""
-    if ready(q, k, v) or (qk, q.shape[3], lists is not None) not in FASTER_THAN_TRITON:
+    Hopper, where it measured faster (``FASTER_THAN_TRITON``: mode, head dim, and the query rows per
+    block of the block lists that come with the call, ``lists`` being their (query rows, key rows) per
+    block), and in plain mode from storage a descriptor can read (the quantized modes read their own
+    copies)."""
+    if ready(q, k, v):
         return False
-    if lists is not None and lists not in ((ROWS_Q, ROWS_K), (list_rows(q.shape[3]), ROWS_K)):
+    if lists is not None and lists[1] != ROWS_K:
+        return False
+    if (qk, q.shape[3], None if lists is None else lists[0]) not in FASTER_THAN_TRITON:
         return False
     return qk != "plain" or all(host_layout(t) is not None for t in (q, k, v))
 
