@@ -22,6 +22,7 @@
 #   bash benchmarks/gpu.sh s6-final      (carry .whl .big/b)   join, install; tests/test_gpu.py; hopper_kernel.py, schedule 3
 #   bash benchmarks/gpu.sh s7-prep       (carry .big/a)        keep the first half; Hopper tests of 128- and 192-row lists
 #   bash benchmarks/gpu.sh s7-tall       (carry .whl .big/b)   join, install; tests/test_gpu.py; the sparse stage at LTX
+#   bash benchmarks/gpu.sh s7-check      (carry .whl)          no fa4: tests/test_gpu.py (192-row lists through the forms); selector parts
 #   bash benchmarks/gpu.sh s7-selector   (carry .big/a)        keep the first half; the selector's parts (192-row tiles too)
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage, both models
@@ -67,6 +68,12 @@ s7-prep)  # carry .big/a: keep the first half; the Hopper schedule over lists of
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 300 python3 -m pytest -q tests/test_hopper_kernel.py -k "lists or refuses or compiles" 2>&1 | tail -4 \
         | tee "$OUT/pytest-hopper.txt"
+    ;;
+s7-check)  # carry .whl (no fa4): the forms' GPU tests (192-row lists included), then where the selector's time goes
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
+    timeout 200 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{" | tail -40
     ;;
 s7-selector)  # carry .big/a: keep the first half; where the selector's time goes (no diffusers needed)
     cp .big/a/cu13.partaa /tmp/

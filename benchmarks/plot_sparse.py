@@ -19,9 +19,10 @@ def main() -> None:
     path = Path(sys.argv[1])
     rows = [r for r in json.loads(path.read_text())["rows"] if "x_best_exact" in r]
     models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 7), squeeze=False)
+    fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models) + 3, 7), squeeze=False)
     styles = {"selected": "-", "window": "--", "radial": ":"}
     colours = {"ditgate_plain": "C0", "ditgate_plain_hopper": "C4", "ditgate_fp8": "C3", "ditgate_fp8_hopper": "C5",
+               "ditgate_plain_hopper_192": "C9", "ditgate_fp8_hopper_192": "C6",
                "flex": "C2", "fa4_sparse": "C1"}
     for col, model in enumerate(models):
         for (consumer, pattern) in sorted({(r["row"], r["pattern"]) for r in rows if r["model"] == model}):
@@ -41,7 +42,7 @@ def main() -> None:
             ax.set_xlabel("budget (share of video key tiles kept)")
             ax.invert_xaxis()
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the plots, not over them
     fig.tight_layout()
     out = path.with_suffix(".png")
     fig.savefig(out, dpi=110)
