@@ -25,6 +25,7 @@
 #   bash benchmarks/gpu.sh s7-check      (carry .whl)          no fa4: tests/test_gpu.py (192-row lists through the forms); selector parts
 #   bash benchmarks/gpu.sh s7-selector   (carry .big/a)        keep the first half; the selector's parts (192-row tiles too)
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
+#   bash benchmarks/gpu.sh s7-ltx        (carry .whl)          install; the sparse stage at LTX only (after prep and join)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage, both models
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
@@ -82,6 +83,11 @@ s7-selector)  # carry .big/a: keep the first half; where the selector's time goe
     ;;
 join)  # carry .big/b after a stage that left the first half in /tmp
     cat /tmp/cu13.partaa .big/b/cu13.partab > "$CU13" && ls -la "$CU13"
+    ;;
+s7-ltx)  # carry .whl after prep and join: install; the sparse stage at LTX, fa4 alongside
+    install
+    timeout 300 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | grep -v "0.50\|0.15" | tail -30
     ;;
 s7-final)  # carry .whl after join: install; GPU tests of the forms; the sparse stage at both shapes
     install

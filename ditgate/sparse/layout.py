@@ -95,3 +95,12 @@ class TokenLayout:
                 last = seg.end // block if seg.end < self.length else n
                 pad[first:last] = True
         return pad
+
+    def video_diagonal(self, rows: int, block: int) -> torch.Tensor:
+        """Bool [query tiles of ``rows`` tokens, key tiles of ``block``]: the video key tiles each video
+        query tile shares a token with (its own tile for square tiles, two for 192 over 128). Every
+        consumer keeps these, so a video token always sees its neighbours."""
+        q = torch.arange(-(-self.length // rows))
+        k = torch.arange(-(-self.length // block))
+        overlap = (q[:, None] * rows < (k[None, :] + 1) * block) & (k[None, :] * block < (q[:, None] + 1) * rows)
+        return overlap & self.tile_sparsifiable(rows)[:, None] & self.tile_sparsifiable(block)[None, :]

@@ -22,7 +22,6 @@ import math
 import torch
 
 from .layout import TokenLayout
-from .selector import overlapping
 
 PATTERNS = ("window", "radial")
 
@@ -45,19 +44,13 @@ def _tile_coordinates(layout: TokenLayout, block: int) -> torch.Tensor:
     return coords / torch.tensor([max(f, 1), max(h, 1), max(w, 1)], dtype=torch.float64)
 
 
-def _diagonal(layout: TokenLayout, block: int, rows: int) -> torch.Tensor:
-    """Bool [query tiles, key tiles]: the video key tiles each video query tile overlaps."""
-    return (overlapping(layout.length, rows, block) & layout.tile_sparsifiable(rows)[:, None]
-            & layout.tile_sparsifiable(block)[None, :])
-
-
 def _finish(chosen: torch.Tensor, layout: TokenLayout, block: int, rows: int) -> torch.Tensor:
     """Add what is always kept and drop padding keys: bool [query tiles, key tiles]."""
     sparse_q = layout.tile_sparsifiable(rows)
     sparse = layout.tile_sparsifiable(block)
     pad = layout.tile_padding(block)
     keep = chosen & sparse[None, :] & sparse_q[:, None]
-    keep |= _diagonal(layout, block, rows)
+    keep |= layout.video_diagonal(rows, block)
     keep |= ~sparse[None, :]  # non-video keys: every query visits them
     keep |= ~sparse_q[:, None]  # non-video queries: attend everything
     return keep & ~pad[None, :]
@@ -76,7 +69,7 @@ def window_pattern(layout: TokenLayout, block: int, keep: int, rows: int | None 
     dist = _distances(layout, block, rows)[0]
     sparse = layout.tile_sparsifiable(block)
     dist = dist.masked_fill(~sparse[None, :], float("inf"))
-    dist = dist.masked_fill(_diagonal(layout, block, rows), -1.0)
+    dist = dist.masked_fill(layout.video_diagonal(rows, block), -1.0)
     nearest = dist.topk(min(keep, int(sparse.sum())), dim=1, largest=False).indices
     chosen = torch.zeros_like(dist, dtype=torch.bool).scatter_(1, nearest, True)
     return _finish(chosen, layout, block, rows)

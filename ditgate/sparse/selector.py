@@ -45,14 +45,6 @@ class _Geometry:
     always_i8: torch.Tensor
 
 
-def overlapping(length: int, rows: int, block: int) -> torch.Tensor:
-    """Bool [query tiles, key tiles]: which key tiles of ``block`` tokens share a token with each query
-    tile of ``rows`` tokens (the identity for square tiles)."""
-    q = torch.arange(-(-length // rows))
-    k = torch.arange(-(-length // block))
-    return (q[:, None] * rows < (k[None, :] + 1) * block) & (k[None, :] * block < (q[:, None] + 1) * rows)
-
-
 def _pool(x: torch.Tensor, block: int, n: int) -> torch.Tensor:
     """Mean of each tile's rows in float32, read in place (no padded or upcast copy of ``x``)."""
     full = x.shape[2] // block
@@ -81,7 +73,7 @@ class TileSelector:
             sparse = layout.tile_sparsifiable(self.block)
             pad = layout.tile_padding(self.block)
             pinned = ~sparse & ~pad
-            diagonal = overlapping(layout.length, rows, self.block) & sparse_q[:, None] & sparse[None, :]
+            diagonal = layout.video_diagonal(rows, self.block)
             fixed = diagonal | ~sparse[None, :]
             fixed_score = torch.where(diagonal, float("inf"), float("-inf"))
             always = pinned[None, :] | (~sparse_q[:, None] & ~pad[None, :])
