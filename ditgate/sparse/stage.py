@@ -41,6 +41,8 @@ class SparseSetting:
 
     pattern: "selected" (tiles chosen per call from pooled Q·K), "window" or "radial" (static).
     forms: the block-sparse consumers the gate may measure (each a bounded-error form); by default all.
+    block: the key tiles' tokens, and the query tiles' unless a consumer asks for taller ones
+    (``Form.selection_rows``: 192 for the plain and FP8 consumers on Hopper at head dim 64).
     """
 
     schedule: BudgetSchedule = field(default_factory=BudgetSchedule)
