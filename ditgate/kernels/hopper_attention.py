@@ -167,18 +167,10 @@ def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
     product is unchanged. Four values go into one register by two paired conversions in one asm (the
     compiler's own cast keeps one register per byte and repacks them: byte moves in the SASS)."""
     if pv_dtype.primitive_bitwidth == 8:
-        M: gl.constexpr = p.shape[0]
-        N: gl.constexpr = p.shape[1]
-        p = gl.reshape(p, [M, N // 32, 2, 2, 4, 2])
-        p = gl.reshape(gl.permute(p, (0, 1, 2, 4, 3, 5)), [M, N])
-        p = gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))  # registers renamed, nothing moves
-        if p.dtype == gl.float16:  # P carried at 16 bits (``_carried``)
-            return gl.inline_asm_elementwise(
-                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f16x2 lo, $1; cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;"
-                " mov.b32 $0, {lo, hi}; }", "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
         return gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;"
-            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [_reordered(p, o_layout)], dtype=gl.float8e4nv, is_pure=True,
+            pack=4)
     pc = p.to(pv_dtype)
     return gl.convert_layout(pc, gl.DotOperandLayout(0, o_layout, 32 // pv_dtype.primitive_bitwidth))
 
@@ -209,14 +201,30 @@ def _block_index(row, i, SPARSE: gl.constexpr):
 
 
 @gluon.jit
+def _reordered(p, o_layout: gl.constexpr):
+    """P's keys reordered into the FP8 operand's order and laid out as that operand (see ``_as_operand``:
+    registers renamed, nothing moves)."""
+    M: gl.constexpr = p.shape[0]
+    N: gl.constexpr = p.shape[1]
+    p = gl.reshape(p, [M, N // 32, 2, 2, 4, 2])
+    p = gl.reshape(gl.permute(p, (0, 1, 2, 4, 3, 5)), [M, N])
+    return gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))
+
+
+@gluon.jit
 def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
     """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
     of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
     one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
-    per step in the SASS). ``NARROW``: at 8 bits, P as float16 (half the registers, for three warpgroups
-    at 160 registers each), cast to FP8 by pairs at the next step."""
+    per step in the SASS). ``NARROW`` (three warpgroups at 160 registers each): the FP8 operand's bytes
+    already converted, four to a register, carried as the first of each pair of float16 registers that
+    an asm over four values gives back (the second holds nothing and is dead); the next step only renames
+    them (``_operand``). One conversion per pair of values, where P carried as float16 took two."""
     if pv_dtype.primitive_bitwidth == 8 and NARROW:
-        x = p.to(gl.float16)
+        x = gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $3, $2; cvt.rn.satfinite.e4m3x2.f32 hi, $5, $4;"
+            " mov.b32 $0, {lo, hi}; mov.b32 $1, 0; }", "=r,=r,r,r,r,r", [_reordered(p, o_layout)],
+            dtype=gl.float16, is_pure=True, pack=4)
     elif pv_dtype.primitive_bitwidth == 8:
         x = p
     else:
@@ -226,7 +234,10 @@ def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.const
 
 @gluon.jit
 def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
-    if pv_dtype.primitive_bitwidth == 8:
+    if carried.dtype == gl.float16 and pv_dtype.primitive_bitwidth == 8:  # packed by ``_carried``
+        x = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [carried], dtype=gl.float8e4nv, is_pure=True,
+                                      pack=4)
+    elif pv_dtype.primitive_bitwidth == 8:
         x = _as_operand(carried, pv_dtype, o_layout)
     else:
         x = carried

@@ -1,0 +1,600 @@
+"""The same attention as ``quant_attention`` (FP8, INT8 or plain Q·Kᵀ; block-sparse lists), scheduled by
+hand for Hopper in Gluon, Triton's explicit-layout dialect.
+
+Why a second schedule: Triton's compiler runs the loads, both products and the softmax of a key block in
+one instruction stream, so the tensor cores wait while the softmax runs. Here, as in FlashAttention-3,
+the work is split across warps (``gl.warp_specialize``): one producer partition issues every load
+through the bulk tensor copy engine (TMA) into a ring of shared-memory stages guarded by mbarriers, and
+two or three consumer warpgroups, 64 query rows each, run the products and the softmax on the same key
+blocks. While one warpgroup is in its softmax another's products keep the tensor cores busy. Three
+(192 query rows, ``groups``) at head dim 64, where the softmax outweighs the products most: each key
+block's loads then serve 1.5 times the rows, and each scheduler has one more warp to issue from.
+
+Numerics are those of ``quant_attention``: the same quantized copies (``quantize``), the same score
+scale folded into one FMA with the row max, P in [0, 448] for FP8, INT8 products turned into floats
+by the magic-number add. The tail block (keys past the end) is masked only where it is visited, last
+(the lists ascend).
+
+Layouts: the host tensors are read in place through 2-D descriptors when they are either contiguous
+[B, H, S, D] or [B, S, H, D] storage seen as [B, H, S, D] (diffusers' ``view(...).transpose(1, 2)``);
+``host_layout`` says which, or None. Rows past a head's end belong to the next head or batch, so the
+scores of keys past S_K are masked and query rows past S_Q are never stored.
+
+Only for Hopper (sm_90): ``ready`` says whether a call can run here, and why not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ditgate.kernels.quant_attention import LOG2E, QK_MODES, KernelConfig, quantize
+
+HALF = gl.constexpr(64)
+BLOCK_K = gl.constexpr(128)  # key rows per stage
+ROWS_Q, ROWS_K = 128, BLOCK_K.value  # query rows of a block list's block (two warpgroups), key rows per stage
+ROWS_HALF = HALF.value  # query rows per consumer warpgroup, and per Q scale of the quantized modes
+GROUPS = (2, 3)  # consumer warpgroups per program: 128 or 192 query rows (registers per consumer thread: 240
+# or 160, what fits beside the 24-register load warpgroup in a multiprocessor's 64K; at 160 only head dim 64
+# compiles without spills, hopper_compile)
+SCHEDULES = (0, 1, 2, 3, 4)  # see _consume
+# fastest per mode on the H200 (benchmarks/results/2026-12-03-h200-s5, A/B run, one session): the overlap with
+# the output rescaled before the P·V issue (3). Plain 33.6 ms at Wan-14B (1: 33.9, 2: 34.7, 4: 34.6) and 13.7
+# at LTX (13.8-13.9); FP8 27.2 at Wan (1: 26.9, 2: 28.1) and 11.9 at LTX (1: 13.4, 2: 12.9, 4: 12.8); INT8
+# (an earlier run of the same code) 28.4 at Wan and 13.7 at LTX, its fastest there too
+DEFAULT_SCHEDULE = {"plain": 3, "fp8": 3, "int8": 3}
+# consumer warpgroups per program by head dim (benchmarks/results/2026-12-03-h200-s6, e and g; at LTX's 32 x
+# 27588 x 64, three against two, two runs): plain 12.38-12.44 ms against 13.87-13.92, FP8 10.40-10.81 against
+# 11.76-12.05, INT8 11.36-11.70 against 13.72-13.76. At head dim 128 three spill and lose (h: FP8 27.37 against
+# 26.76 ms at Wan-14B, plain 75.1 against 33.2)
+DEFAULT_GROUPS = {64: 3, 128: 2}
+# (mode, head dim, query rows per block of the block lists or None for dense calls) where this schedule
+# measured faster than the Triton one in the same runs, so ditgate's forms run it there. Dense: plain 34.7 / 13.9
+# ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against 27.5 and 27.6 against 27.7 at Wan in two runs; INT8
+# 28.4 against 29.9 at Wan. At LTX (head dim 64) with three warpgroups (s6, g): FP8 10.81 against 11.96, INT8
+# 11.70 against 12.62 (with two they tied or lost). Lists of 128 query rows from the selector at budget 0.3:
+# plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 lost at LTX (4.7 against 4.4) and at Wan at budget 0.15 (6.5
+# against 5.5), so it keeps those on Triton. Lists of 192 rows (three warpgroups, head dim 64; LTX, s7): plain
+# 4.08 ms at budget 0.3 against 4.49 with 128-row lists and 4.61 on Triton; FP8 4.11 against Triton's 4.41
+# (0.5: 5.83 against 6.96; 0.15: 2.61 against 2.61). INT8 with lists stays on Triton (not measured here).
+FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
+                                ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
+                                ("int8", 64, None), ("int8", 128, None)})
+
+
+@gluon.constexpr_function
+def _q_slots(groups):
+    """Q's 64-row slots in shared memory: one per consumer warpgroup, rounded up to a power of two (shapes
+    must be). Plain Python as well: ``default_stages`` calls it on the host."""
+    return 1 << (groups - 1).bit_length()
+
+
+@gluon.constexpr_function
+def _mma_layout(bits, n):
+    """Hopper's warpgroup accumulator layout for a 64 x n tile (four warps, 16 rows each)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 256 // bits])
+
+
+@gluon.jit
+def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr):
+    """The load partition: Q once (64 rows per consumer warpgroup), then each listed key block's K and V
+    into the next free stage."""
+    (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row, q_col, k_row,
+     k_col, v_row, v_col) = loads
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS)
+    for g in gl.static_range(GROUPS):
+        tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
+    nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    for i in range(count):
+        if SPARSE:
+            j = gl.load(row + i)
+        else:
+            j = i
+        st = i % STAGES
+        mbarrier.wait(kv_empty.index(st), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+        bar = kv_ready.index(st)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_K, k_col], bar, k_bufs.index(st))
+        if V_T:
+            tma.async_copy_global_to_shared(v_desc, [v_row, v_col + j * BLOCK_K], bar, v_bufs.index(st))
+        else:
+            tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_K, v_col], bar, v_bufs.index(st))
+
+
+@gluon.jit
+def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr):
+    """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
+
+    ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
+    max(raw) · c). Quantized, exp2 is shifted by log2 of P's FP8 scale so that P lands in [0, 448]
+    (l_i carries the same factor). INT8 products become float by the magic-number add. ``MASK``: this
+    may be the tail block (keys past S_K), masked where ``j`` is the last key block. Only ever the last
+    visited block (the lists ascend), so the loop body stays free of the mask (ptxas turns the branch
+    into selects on every element)."""
+    if QUANT:
+        LOG2_P_SCALE: gl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
+    else:
+        LOG2_P_SCALE: gl.constexpr = 0.0
+    if INT_QK:
+        raw = (s + 0x4B400000).to(gl.float32, bitcast=True)  # 12582912 + product, exactly
+        offset: gl.constexpr = 12582912.0
+    else:
+        raw = s
+        offset: gl.constexpr = 0.0
+    if MASK:
+        if j == n_n - 1:
+            cols = j * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, s.type.layout))
+            raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
+    m_new = gl.maximum(m_i, (gl.max(raw, axis=1) - offset) * c)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _ahead(row, KS, ks_base, i, count, j_next, SPARSE: gl.constexpr, QUANT: gl.constexpr):
+    """What step i fetches for the steps after it, so that no step waits on memory: block i+1's K scale
+    (its index was fetched by step i-1) and block i+2's index (clamped to the list). Read at its use,
+    the K scale was a load from memory in the middle of every quantized step; fetched ahead, FP8 at
+    LTX's shape went from 14.0-14.6 to 12.0 ms on the H200 (no change at Wan-14B's)."""
+    if QUANT:
+        ks_next = gl.load(KS + ks_base + j_next)
+    else:
+        ks_next = 1.0
+    after = gl.maximum(gl.minimum(i + 2, count - 1), 0)
+    if SPARSE:
+        j_after = gl.load(row + after)
+    else:
+        j_after = after
+    return ks_next, j_after
+
+
+@gluon.jit
+def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+    """P cast for the P·V product and laid out as its register operand.
+
+    16-bit: the accumulator layout already is the operand's, one pack per pair. FP8: the operand wants
+    four neighbouring keys per register where the accumulator gives each thread pairs 8 keys apart, a
+    move between threads (shuffles). Instead P's keys are reordered inside each group of 32 (keys
+    16h + 8a + 2t + b to place 16h + 4t + 2a + b) so that every thread already holds its operand's
+    values, and V is stored in the same order (``quantize(permute_v=True)``): the
+    product is unchanged. Four values go into one register by two paired conversions in one asm (the
+    compiler's own cast keeps one register per byte and repacks them: byte moves in the SASS)."""
+    if pv_dtype.primitive_bitwidth == 8:
+        M: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        p = gl.reshape(p, [M, N // 32, 2, 2, 4, 2])
+        p = gl.reshape(gl.permute(p, (0, 1, 2, 4, 3, 5)), [M, N])
+        p = gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))  # registers renamed, nothing moves
+        if p.dtype == gl.float16:  # P carried at 16 bits (``_carried``)
+            return gl.inline_asm_elementwise(
+                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f16x2 lo, $1; cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;"
+                " mov.b32 $0, {lo, hi}; }", "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;"
+            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    pc = p.to(pv_dtype)
+    return gl.convert_layout(pc, gl.DotOperandLayout(0, o_layout, 32 // pv_dtype.primitive_bitwidth))
+
+
+@gluon.jit
+def _hold(x):
+    """An empty asm that reads ``x``: its registers stay x's until here. An in-flight product reads its
+    register operand (P) asynchronously; once P is dead to the compiler, ptxas may hand its registers to
+    the next softmax and must then wait for the product first, which undoes the overlap (it did)."""
+    return gl.inline_asm_elementwise("", "=r,0", [x], dtype=x.dtype, is_pure=False,
+                                     pack=32 // x.dtype.primitive_bitwidth)
+
+
+@gluon.jit
+def _v_operand(v_bufs, st, V_T: gl.constexpr):
+    if V_T:
+        return v_bufs.index(st).permute((1, 0))
+    else:
+        return v_bufs.index(st)
+
+
+@gluon.jit
+def _block_index(row, i, SPARSE: gl.constexpr):
+    if SPARSE:
+        return gl.load(row + i)
+    else:
+        return i
+
+
+@gluon.jit
+def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
+    """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
+    of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
+    one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
+    per step in the SASS). ``NARROW``: at 8 bits, P as float16 (half the registers, for three warpgroups
+    at 160 registers each), cast to FP8 by pairs at the next step."""
+    if pv_dtype.primitive_bitwidth == 8 and NARROW:
+        x = p.to(gl.float16)
+    elif pv_dtype.primitive_bitwidth == 8:
+        x = p
+    else:
+        x = _as_operand(p, pv_dtype, o_layout)
+    return x
+
+
+@gluon.jit
+def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+    if pv_dtype.primitive_bitwidth == 8:
+        x = _as_operand(carried, pv_dtype, o_layout)
+    else:
+        x = carried
+    return x
+
+
+@gluon.jit
+def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
+                 ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
+                 MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr):
+    """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V, each waited for."""
+    ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
+    st = i % STAGES
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+    s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc = warpgroup_mma(_as_operand(p, v_bufs.dtype, o_layout), _v_operand(v_bufs, st, V_T), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(kv_empty.index(st), count=1)
+    return acc, m_i, l_i, j_next, ks_next, j_after
+
+
+@gluon.jit
+def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried,
+                     alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
+                     STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
+                     INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
+                     GROUPS: gl.constexpr):
+    """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
+    together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
+    the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
+    keeps Triton from sinking the softmax below the wait (it did: every exp2 came after it). ptxas
+    still places that wait right after the row max, before the first exp2 (seen in the SASS of every
+    variant here, with or without the dependencies, the stage release or the rescale after it), so
+    the overlap that remains is between the two warpgroups. TURNS: take this warpgroup's turn to
+    issue, then hand it to the other. EARLY: rescale the output for block i-1 (``alpha``) between the
+    two issues, under Q·Kᵀ, as FlashAttention-3 does; otherwise for block i after the P·V wait."""
+    ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
+    st = i % STAGES
+    prev = (i - 1) % STAGES
+    pd = _operand(carried, v_bufs.dtype, o_layout)
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+    if TURNS:
+        mbarrier.wait(turn.index(PART), (i - 1) & 1)
+    s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if EARLY:
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
+    if TURNS:
+        mbarrier.arrive(turn.index((PART + 1) % GROUPS), count=1)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
+    acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
+    _hold(pd)
+    mbarrier.arrive(kv_empty.index(prev), count=1)
+    if not EARLY:
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, _carried(p, v_bufs.dtype, o_layout, GROUPS == 3), alpha, m_i, l_i, j_next, ks_next, j_after
+
+
+@gluon.jit
+def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
+             EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
+    """A math partition: 64 query rows against every listed key block, then the normalized store.
+    ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
+
+    SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
+    intra-warpgroup overlap (``_overlapped_step``). 2: as 1, with the two warpgroups taking turns to issue
+    their products (``turn``: one mbarrier per warpgroup), so that one's softmax falls under the other's
+    products instead of both competing for the exp2 units at once. 3 and 4: 1 and 2 with the output
+    rescaled before the P·V issue (``_overlapped_step``'s EARLY). The last visited block is stepped
+    apart, the only one that may need the tail mask. Each step carries the block index and K scale of
+    the next (``_ahead``)."""
+    (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base, sos, sod,
+     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base) = shared
+    qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
+    pv_dtype: gl.constexpr = v_bufs.dtype
+    s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K)
+    o_layout: gl.constexpr = _mma_layout(pv_dtype.primitive_bitwidth, D)
+    if INT_QK:
+        s_zero = gl.zeros([HALF, BLOCK_K], gl.int32, s_layout)
+    else:
+        s_zero = gl.zeros([HALF, BLOCK_K], gl.float32, s_layout)
+    q_part = q_smem.index(PART)
+    if QUANT:
+        c_q = gl.load(QS + qs_index + PART, mask=PART < qs_left, other=1.0)  # one Q scale per warpgroup's 64 rows
+    else:
+        c_q = c_plain
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([HALF, D], gl.float32, o_layout)
+    j = _block_index(row, 0, SPARSE)  # every list has a first slot, used or not
+    if QUANT:
+        ksc = gl.load(KS + ks_base + j, mask=count > 0, other=1.0)
+    else:
+        ksc = 1.0
+    j_next = _block_index(row, gl.maximum(gl.minimum(1, count - 1), 0), SPARSE)
+    mbarrier.wait(q_ready, 0)
+    if SCHEDULE == 0:
+        for i in range(count - 1):
+            acc, m_i, l_i, j, ksc, j_next = _serial_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
+                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T)
+        if count > 0:
+            acc, m_i, l_i, j, ksc, j_next = _serial_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
+                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T)
+    elif count > 0:
+        ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
+        mbarrier.wait(kv_ready.index(0), 0)
+        s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
+        carried = _carried(p, pv_dtype, o_layout, GROUPS == 3)
+        j, ksc, j_next = j_next, ks_next, j_after
+        for i in range(1, count - 1):
+            acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
+                m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS)
+        if count > 1:
+            acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
+                alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS)
+        last = (count - 1) % STAGES
+        if SCHEDULE >= 3:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(_operand(carried, pv_dtype, o_layout), _v_operand(v_bufs, last, V_T), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    if QUANT:
+        out = out * gl.load(VS + vs_base + offs_d)[None, :]  # acc and l_i both carry P's scale
+    rows = q_start + PART * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
+    ptrs = O + o_base + rows[:, None] * sos + offs_d[None, :] * sod
+    gl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < S_Q)[:, None])
+
+
+@gluon.jit
+def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
+                        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
+                        H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
+                        D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
+                        QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
+                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
+    # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
+    # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // (H // H_KV)
+    bhk = b * H_KV + hk
+    q_start = pid_m * HALF * GROUPS
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [_q_slots(GROUPS), HALF, D], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_K, D], k_desc.layout)
+    if V_T:
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D, BLOCK_K], v_desc.layout)
+    else:
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_K, D], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for g in gl.static_range(GROUPS):
+        mbarrier.init(turn.index(g), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=GROUPS)  # every consumer releases a stage
+    if SPARSE:
+        count = gl.load(KV_COUNT + bh * n_m + pid_m)
+        row = KV_INDEX + (bh * n_m + pid_m) * max_list
+    else:
+        count = n_n
+        row = KV_INDEX
+    if SCHEDULE % 2 == 0 and SCHEDULE > 0:
+        mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
+    o_base = b * sob + h * soh
+    qs_index = bh * n_qs + pid_m * GROUPS  # the Q scales are per 64 rows, n_qs of them per head
+    qs_left = n_qs - pid_m * GROUPS
+    ks_base = bhk * n_n
+    vs_base = bhk * D
+    q_row = b * q_rb + h * q_rh + q_start
+    k_row = b * k_rb + hk * k_rh
+    v_row = b * v_rb + hk * v_rh
+    produce = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
+               h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
+    shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base,
+              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base)
+    if GROUPS == 3:
+        gl.warp_specialize([
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+        ], [4, 4, 4], [160, 160, 160])
+    else:
+        gl.warp_specialize([
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+        ], [4, 4], [240, 240])
+
+
+@dataclass(frozen=True)
+class RowView:
+    """A [B, H, S, D] tensor as the 2-D [rows, columns] matrix a descriptor reads: row b·rb + h·rh + s,
+    first column h·ch."""
+
+    matrix: torch.Tensor
+    rb: int
+    rh: int
+    ch: int
+
+
+def host_layout(t: torch.Tensor) -> RowView | None:
+    """The 2-D view of a [B, H, S, D] tensor stored [B, H, S, D] or [B, S, H, D], or None."""
+    B, H, S, D = t.shape
+    sb, sh, ss, sd = t.stride()
+    size = t.element_size()
+    if sd != 1 or t.data_ptr() % 16 or (ss * size) % 16:
+        return None
+    if H == 1 or sh == S * ss:  # heads apart: [B, H, S, D] (any row stride, heads S rows apart)
+        if B == 1 or sb == H * S * ss:
+            return RowView(t.as_strided((B * H * S, D), (ss, 1)), H * S, S, 0)
+    if sh == D and ss >= H * D and (B == 1 or sb == S * ss):  # heads side by side: [B, S, H, D] storage
+        return RowView(t.as_strided((B * S, H * D), (ss, 1)), S, 0, D)
+    return None
+
+
+def list_rows(head_dim: int) -> int:
+    """Query rows per block of the block lists this schedule runs fastest with: one per consumer
+    warpgroup of ``DEFAULT_GROUPS`` (192 at head dim 64, 128 at 128). The selector makes lists of any
+    height (``TileSelector.select(rows=...)``); the key blocks are always ``ROWS_K``."""
+    return ROWS_HALF * DEFAULT_GROUPS[head_dim]
+
+
+def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str,
+           lists: tuple[int, int] | None = None) -> bool:
+    """Whether ditgate's forms should run this call here rather than through the Triton schedule: on
+    Hopper, where it measured faster (``FASTER_THAN_TRITON``: mode, head dim, and the query rows per
+    block of the block lists that come with the call, ``lists`` being their (query rows, key rows) per
+    block), and in plain mode from storage a descriptor can read (the quantized modes read their own
+    copies)."""
+    if ready(q, k, v):
+        return False
+    if lists is not None and lists[1] != ROWS_K:
+        return False
+    if (qk, q.shape[3], None if lists is None else lists[0]) not in FASTER_THAN_TRITON:
+        return False
+    return qk != "plain" or all(host_layout(t) is not None for t in (q, k, v))
+
+
+def ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """None where this schedule can take the call; otherwise why not."""
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "the warp-specialized schedule is written for Hopper (sm_90)"
+    if q.shape[3] not in (64, 128):
+        return f"head dim {q.shape[3]} (64 or 128)"
+    return None
+
+
+def _descriptor(view: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv,
+             torch.int8: gl.int8}[view.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
+
+
+def default_stages(head_dim: int, qk: str, groups: int = 2) -> int:
+    """Key/value stages that fit beside Q (64 rows per consumer warpgroup) in 227 KB of shared memory."""
+    elem = 2 if qk == "plain" else 1
+    stage = 2 * ROWS_K * head_dim * elem
+    return max(2, min(4, (227 * 1024 - ROWS_HALF * _q_slots(groups) * head_dim * elem - 1024) // stage))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything one call of the kernel takes: grid, positional arguments, compile-time flags."""
+
+    grid: tuple[int, int]
+    args: tuple
+    flags: dict
+
+
+def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
+                stages: int | None = None, schedule: int | None = None, groups: int = 2) -> Launch:
+    """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
+    64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program."""
+    B, H, SQ, D = q.shape
+    HK, SK = k.shape[1], k.shape[2]
+    rows_q = ROWS_HALF * groups
+    n_m, n_n = -(-SQ // rows_q), -(-SK // ROWS_K)
+    if qz is not None:
+        q_desc = _descriptor(qz.q.view(-1, D), [ROWS_HALF, D])
+        k_desc = _descriptor(qz.k.view(-1, D), [ROWS_K, D])
+        v_desc = _descriptor(qz.vt.view(-1, qz.sk_pad), [D, ROWS_K])
+        rows = (H * qz.sq_pad, qz.sq_pad, 0, HK * qz.sk_pad, qz.sk_pad, 0, HK * D, D, 0)
+        scales = (qz.q_scale, qz.k_scale, qz.v_scale)
+    else:
+        views = [host_layout(t) for t in (q, k, v)]
+        if any(view is None for view in views):
+            raise ValueError("plain mode reads [B, H, S, D] or [B, S, H, D] storage with 16-byte aligned rows")
+        q_desc = _descriptor(views[0].matrix, [ROWS_HALF, D])
+        k_desc = _descriptor(views[1].matrix, [ROWS_K, D])
+        v_desc = _descriptor(views[2].matrix, [ROWS_K, D])
+        rows = tuple(x for view in views for x in (view.rb, view.rh, view.ch))
+        scales = (out, out, out)  # unused placeholders
+    sparse = kv_index is not None
+    if sparse:
+        lists = (kv_index, kv_count, kv_index.shape[3])
+    else:
+        lists = (out, out, 0)
+    args = (q_desc, k_desc, v_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
+            H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
+    flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
+                 QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups)
+    return Launch((n_m, B * H), args, flags)
+
+
+def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
+                     scale: float | None = None, kv_index: torch.Tensor | None = None,
+                     kv_count: torch.Tensor | None = None, stages: int | None = None,
+                     schedule: int | None = None, groups: int | None = None, buffers=None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
+    ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
+    default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
+    rows: lists per 128 query rows take 2 (the default with lists), per 192 rows 3."""
+    if qk not in QK_MODES:
+        raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
+    if (kv_index is None) != (kv_count is None):
+        raise ValueError("kv_index and kv_count go together")
+    why = ready(q, k, v)
+    if why:
+        raise ValueError(why)
+    B, H, SQ, D = q.shape
+    HK = k.shape[1]
+    if H % HK:
+        raise ValueError(f"{H} query heads are not a multiple of {HK} key/value heads")
+    if groups is None:
+        groups = 2 if kv_index is not None else DEFAULT_GROUPS[D]
+    if groups not in GROUPS or (groups != 2 and D != 64):
+        raise ValueError(f"groups must be one of {GROUPS} (3 only at head dim 64), not {groups!r}")
+    scale = D ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
+    if kv_index is not None:
+        rows = ROWS_HALF * groups
+        n_m = -(-SQ // rows)
+        if kv_index.shape[:3] != (B, H, n_m) or kv_count.shape != (B, H, n_m):
+            raise ValueError(f"kv_index must be [B, H, {n_m}, L] and kv_count [B, H, {n_m}] for {rows}-row query "
+                             f"blocks ({groups} warpgroups)")
+        kv_index = kv_index.to(torch.int32).contiguous()
+        kv_count = kv_count.to(torch.int32).contiguous()
+    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers,
+                                              permute_v=True)
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups)
+    _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
+    return out
