@@ -1,7 +1,13 @@
 """A/B in one run: FP8 P carried across the loop as packed FP8 bytes (the working tree's
 hopper_attention) against P carried as float16 and converted at the next step (the schedule as commit
 6b3f915 left it, copied beside this file), three warpgroups at LTX's 32 x 27588 x 64, FP8 and INT8.
-Interleaved do_bench medians, fresh random inputs per mode, cosine to cuDNN in float32."""
+Interleaved do_bench medians, fresh random inputs per mode, cosine to cuDNN in float32. The "before"
+module is not kept in the tree (it would be a second copy of the kernel); write it first:
+
+    git show 6b3f915:ditgate/kernels/hopper_attention.py \
+        | sed 's/^from .quant_attention import/from ditgate.kernels.quant_attention import/' \
+        > benchmarks/experiments/hopper_attention_s7_before.py
+"""
 import sys
 
 import torch

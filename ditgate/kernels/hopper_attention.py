@@ -167,10 +167,14 @@ def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
     product is unchanged. Four values go into one register by two paired conversions in one asm (the
     compiler's own cast keeps one register per byte and repacks them: byte moves in the SASS)."""
     if pv_dtype.primitive_bitwidth == 8:
+        p = _reordered(p, o_layout)
+        if p.dtype == gl.float16:  # P carried at 16 bits (``_carried``, NARROW 1)
+            return gl.inline_asm_elementwise(
+                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f16x2 lo, $1; cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;"
+                " mov.b32 $0, {lo, hi}; }", "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
         return gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;"
-            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [_reordered(p, o_layout)], dtype=gl.float8e4nv, is_pure=True,
-            pack=4)
+            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
     pc = p.to(pv_dtype)
     return gl.convert_layout(pc, gl.DotOperandLayout(0, o_layout, 32 // pv_dtype.primitive_bitwidth))
 
@@ -211,20 +215,35 @@ def _reordered(p, o_layout: gl.constexpr):
     return gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))
 
 
+@gluon.constexpr_function
+def _narrowing(groups, int_qk):
+    """How an 8-bit P crosses the loop (``_carried``): 0 as fp32 (two warpgroups, 240 registers each); at
+    three (160 registers, where fp32 P spilled) 2 for FP8 (packed bytes) and 1 for INT8 (float16). On the
+    H200 at LTX's 32 x 27588 x 64 (benchmarks/results/2026-12-03-h200-s7, call f, two rounds): FP8 packed
+    9.94-9.99 ms against 10.13-10.17 as float16; INT8 packed 12.05-12.13 against 11.03-11.05, so INT8
+    keeps float16 (why it loses is not measured)."""
+    if groups != 3:
+        return 0
+    return 1 if int_qk else 2
+
+
 @gluon.jit
 def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
     """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
     of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
     one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
-    per step in the SASS). ``NARROW`` (three warpgroups at 160 registers each): the FP8 operand's bytes
-    already converted, four to a register, carried as the first of each pair of float16 registers that
-    an asm over four values gives back (the second holds nothing and is dead); the next step only renames
-    them (``_operand``). One conversion per pair of values, where P carried as float16 took two."""
-    if pv_dtype.primitive_bitwidth == 8 and NARROW:
+    per step in the SASS). ``NARROW`` (``_narrowing``) 1: P as float16, cast to FP8 by pairs at the next
+    step. 2: the FP8 operand's bytes already converted, four to a register, carried as the first of each
+    pair of float16 registers that an asm over four values gives back (the second holds nothing and is
+    dead); the next step only renames them (``_operand``): one conversion per pair of values where 1
+    takes two (430 instructions per step against 462 in the SASS of FP8 at head dim 64)."""
+    if pv_dtype.primitive_bitwidth == 8 and NARROW == 2:
         x = gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $3, $2; cvt.rn.satfinite.e4m3x2.f32 hi, $5, $4;"
             " mov.b32 $0, {lo, hi}; mov.b32 $1, 0; }", "=r,=r,r,r,r,r", [_reordered(p, o_layout)],
             dtype=gl.float16, is_pure=True, pack=4)
+    elif pv_dtype.primitive_bitwidth == 8 and NARROW == 1:
+        x = p.to(gl.float16)
     elif pv_dtype.primitive_bitwidth == 8:
         x = p
     else:
@@ -233,8 +252,8 @@ def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.const
 
 
 @gluon.jit
-def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
-    if carried.dtype == gl.float16 and pv_dtype.primitive_bitwidth == 8:  # packed by ``_carried``
+def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
+    if pv_dtype.primitive_bitwidth == 8 and NARROW == 2:  # the bytes packed by ``_carried``
         x = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [carried], dtype=gl.float8e4nv, is_pure=True,
                                       pack=4)
     elif pv_dtype.primitive_bitwidth == 8:
@@ -280,7 +299,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     prev = (i - 1) % STAGES
-    pd = _operand(carried, v_bufs.dtype, o_layout)
+    pd = _operand(carried, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK))
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
@@ -297,7 +316,8 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     mbarrier.arrive(kv_empty.index(prev), count=1)
     if not EARLY:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    return acc, _carried(p, v_bufs.dtype, o_layout, GROUPS == 3), alpha, m_i, l_i, j_next, ks_next, j_after
+    return (acc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK)), alpha, m_i, l_i, j_next, ks_next,
+            j_after)
 
 
 @gluon.jit
@@ -354,7 +374,7 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
-        carried = _carried(p, pv_dtype, o_layout, GROUPS == 3)
+        carried = _carried(p, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
@@ -369,7 +389,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        acc = warpgroup_mma(_operand(carried, pv_dtype, o_layout), _v_operand(v_bufs, last, V_T), acc,
+        acc = warpgroup_mma(_operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK)),
+                            _v_operand(v_bufs, last, V_T), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(last), count=1)
