@@ -21,12 +21,9 @@
 #   bash benchmarks/gpu.sh s6-groups     (carry .whl)          no fa4: three consumer warpgroups against two at LTX; tests
 #   bash benchmarks/gpu.sh s6-final      (carry .whl .big/b)   join, install; tests/test_gpu.py; hopper_kernel.py, schedule 3
 #   bash benchmarks/gpu.sh s7-prep       (carry .big/a)        keep the first half; Hopper tests of 128- and 192-row lists
-#   bash benchmarks/gpu.sh s7-tall       (carry .whl .big/b)   join, install; tests/test_gpu.py; the sparse stage at LTX
 #   bash benchmarks/gpu.sh s7-check      (carry .whl)          no fa4: tests/test_gpu.py (192-row lists through the forms); selector parts
-#   bash benchmarks/gpu.sh s7-selector   (carry .big/a)        keep the first half; the selector's parts (192-row tiles too)
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
-#   bash benchmarks/gpu.sh s7-ltx        (carry .whl)          install; the sparse stage at LTX only (after prep and join)
-#   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage, both models
+#   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage ($MODELS, default both)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -76,32 +73,16 @@ s7-check)  # carry .whl (no fa4): the forms' GPU tests (192-row lists included),
     timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
     timeout 200 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{" | tail -40
     ;;
-s7-selector)  # carry .big/a: keep the first half; where the selector's time goes (no diffusers needed)
-    cp .big/a/cu13.partaa /tmp/
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
-    timeout 200 python3 benchmarks/selector_breakdown.py --out "$OUT" 2>&1 | grep -v "^{" | tail -40
-    ;;
 join)  # carry .big/b after a stage that left the first half in /tmp
     cat /tmp/cu13.partaa .big/b/cu13.partab > "$CU13" && ls -la "$CU13"
     ;;
-s7-ltx)  # carry .whl after prep and join: install; the sparse stage at LTX, fa4 alongside
-    install
-    timeout 300 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 2>&1 \
-        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | grep -v "0.50\|0.15" | tail -30
-    ;;
-s7-final)  # carry .whl after join: install; GPU tests of the forms; the sparse stage at both shapes
+s7-final)  # carry .whl after a stage that left the first half in /tmp and `join`: install; GPU tests of the forms; the
+    # sparse stage at $MODELS (both shapes by default; call b of results s7 ran this at LTX, inline)
     install
     python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
     timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
-    timeout 360 python3 benchmarks/sparse_attention.py --out "$OUT" 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+    timeout 360 python3 benchmarks/sparse_attention.py --out "$OUT" ${MODELS:+--models $MODELS} 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args\|float32" | grep -v "radial\|window" | tail -40
-    ;;
-s7-tall)  # carry .whl .big/b after s7-prep: join, install; GPU tests of the forms; the sparse stage at LTX (192-row rows)
-    install
-    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
-    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
-    timeout 330 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 2>&1 \
-        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -40
     ;;
 s6-groups)  # carry .whl (no fa4): three consumer warpgroups (192 query rows) against two; their tests
     install_small
