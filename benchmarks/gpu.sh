@@ -24,6 +24,7 @@
 #   bash benchmarks/gpu.sh s7-check      (carry .whl)          no fa4: tests/test_gpu.py (192-row lists through the forms); selector parts
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage ($MODELS, default both)
+#   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -61,6 +62,15 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s8-pin)  # carry .whl (no fa4): the pinned softmax against the unpinned, dense and over lists; the Hopper tests with it
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q -x tests/test_hopper_kernel.py \
+        -k "three_warpgroups or (lists and schedule3) or (matches and (schedule1 or schedule3 or schedule4))" 2>&1 \
+        | tail -4 | tee "$OUT/pytest-hopper.txt"
+    timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" ${PIN_ARGS:-} 2>&1 | tee "$OUT/pin-ab.log" \
+        | grep -v "^{" | tail -60
+    ;;
 s7-prep)  # carry .big/a: keep the first half; the Hopper schedule over lists of 128 and 192 query rows (no diffusers)
     cp .big/a/cu13.partaa /tmp/
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

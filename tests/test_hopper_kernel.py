@@ -48,6 +48,22 @@ def test_every_variant_compiles_for_hopper_without_spills():
         assert r["shared_bytes"] <= HOPPER_SMEM and r["spill_bytes"] == 0, r
 
 
+def test_the_pin_keeps_the_exp2s_above_the_pv_wait():
+    """Where ptxas puts the wait for P·V in plain mode over 192-row lists (pinned by default, ``PINNED``):
+    unpinned, before the first exp2 (ptxas fills a shuffle's latency with it); pinned, after the last, so
+    the softmax runs while P·V is on the tensor cores. If ptxas stops hoisting the wait, the first
+    assertion says the pin is no longer needed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile", "--pin"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    shapes = {shape["pin"]: shape for shape in json.loads(run.stdout.strip().splitlines()[-1])}
+    last_wait = {pin: max(pos for pos, left in shape["waits"] if left == 0) for pin, shape in shapes.items()}
+    assert last_wait[False] < shapes[False]["first_exp2"], shapes[False]
+    assert last_wait[True] > shapes[True]["last_exp2"], shapes[True]
+    assert ("plain", 64, 192) in ha.PINNED
+
+
 def test_fp8_p_reaches_its_product_without_moving_between_threads():
     """The FP8 P·V operand is built in each thread's own registers (keys reordered, V stored to match):
     no more warp shuffles than the bf16 mode, where the accumulator layout already is the operand's."""

@@ -62,6 +62,15 @@ DEFAULT_GROUPS = {64: 3, 128: 2}
 # against 5.5), so it keeps those on Triton. Lists of 192 rows (three warpgroups, head dim 64; LTX, s7): plain
 # 4.08 ms at budget 0.3 against 4.49 with 128-row lists and 4.61 on Triton; FP8 4.11 against Triton's 4.41
 # (0.5: 5.83 against 6.96; 0.15: 2.61 against 2.61). INT8 with lists stays on Triton (not measured here).
+# (mode, head dim, list rows or None) where the exp2s pinned above the P·V wait (``_overlapped_step``'s PIN)
+# measured faster than left where ptxas puts them, both from the same kernel in one run
+# (benchmarks/results/2026-12-03-h200-s8, call a, benchmarks/experiments/pin_ab.py): plain over 192-row lists at
+# LTX, random lists of 16 / 65 / 108 / 216 key blocks: 1.098 / 3.726 / 6.277 / 12.425 ms pinned against 1.115 /
+# 3.929 / 6.484 / 12.788. Everywhere else it lost or tied: dense FP8 10.19-10.23 against 9.99-10.00 at LTX and
+# 27.67-28.03 against 27.35-27.49 at Wan-14B; INT8 11.57 against 11.02 at LTX; FP8 lists 3.61 against 3.49
+# (65 blocks); dense plain 12.06-12.48 against 12.41-12.43 at LTX, 35.5-35.6 against 34.9-37.1 at Wan. The
+# overlap inside a warpgroup that it makes possible gains nothing where the exp2 units are already the limit.
+PINNED = frozenset({("plain", 64, 192)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -286,7 +295,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
-                     GROUPS: gl.constexpr):
+                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -295,7 +304,13 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     variant here, with or without the dependencies, the stage release or the rescale after it), so
     the overlap that remains is between the two warpgroups. TURNS: take this warpgroup's turn to
     issue, then hand it to the other. EARLY: rescale the output for block i-1 (``alpha``) between the
-    two issues, under Q·Kᵀ, as FlashAttention-3 does; otherwise for block i after the P·V wait."""
+    two issues, under Q·Kᵀ, as FlashAttention-3 does; otherwise for block i after the P·V wait. PIN: the
+    row sums are stored to ``sums`` (shared memory nobody reads) before the P·V wait. The sums need every
+    exp2, and ptxas keeps the wait below a shared-memory store, so the exp2s run under P·V. Without it
+    ptxas fills the row max's shuffle latency with the wait and every exp2 comes after it
+    (``hopper_compile.loop_shape``: at head dim 128, FP8, the wait at 174 of 462 instructions, the exp2s
+    at 228-424; pinned, the wait at 431, the exp2s at 193-415; the same in every mode, and at three
+    warpgroups)."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     prev = (i - 1) % STAGES
@@ -311,6 +326,8 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         mbarrier.arrive(turn.index((PART + 1) % GROUPS), count=1)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
+    if PIN:
+        sums.store(l_i)
     acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
     _hold(pd)
     mbarrier.arrive(kv_empty.index(prev), count=1)
@@ -323,7 +340,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 @gluon.jit
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -335,7 +352,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     apart, the only one that may need the tail mask. Each step carries the block index and K scale of
     the next (``_ahead``)."""
     (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base, sos, sod,
-     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base) = shared
+     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums_smem) = shared
+    sums = sums_smem.index(PART)
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
     s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K)
@@ -380,12 +398,12 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN)
         if count > 1:
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -410,7 +428,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
                         H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr):
+                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -430,6 +448,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+    sums = gl.allocate_shared_memory(gl.float32, [GROUPS, HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # PIN
     mbarrier.init(q_ready, count=1)
     for g in gl.static_range(GROUPS):
         mbarrier.init(turn.index(g), count=1)
@@ -455,19 +474,19 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     produce = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
                h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
     shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base,
-              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base)
+              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums)
     if GROUPS == 3:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
-            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
         ], [4, 4], [240, 240])
 
 
@@ -553,9 +572,11 @@ class Launch:
 
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
-                stages: int | None = None, schedule: int | None = None, groups: int = 2) -> Launch:
+                stages: int | None = None, schedule: int | None = None, groups: int = 2,
+                pin: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
-    64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program."""
+    64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
+    exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
@@ -576,6 +597,8 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         rows = tuple(x for view in views for x in (view.rb, view.rh, view.ch))
         scales = (out, out, out)  # unused placeholders
     sparse = kv_index is not None
+    if pin is None:
+        pin = (qk, D, rows_q if sparse else None) in PINNED
     if sparse:
         lists = (kv_index, kv_count, kv_index.shape[3])
     else:
@@ -584,7 +607,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
             H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
-                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups)
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin)
     return Launch((n_m, B * H), args, flags)
 
 
@@ -592,7 +615,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      scale: float | None = None, kv_index: torch.Tensor | None = None,
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, pin: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -627,6 +650,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups)
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -7,7 +7,7 @@ products against the exp2s in each overlapped schedule's loop. Run it in a proce
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops]
+    python -m ditgate.kernels.hopper_compile [--loops | --pin]
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Lau
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups)
 
 
-def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2):
+def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
+             pin: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -71,6 +72,8 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
+    if pin is not None:
+        flags["PIN"] = pin
     fn = ha._hopper_attn_kernel
     signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
     signature.update({name: "constexpr" for name in flags})
@@ -112,17 +115,22 @@ class LoopShape:
     qk: str
     head_dim: int
     schedule: int
+    groups: int
+    sparse: bool
+    pin: bool  # the exp2s pinned above the P·V wait (``_overlapped_step``)
     instructions: int
     waits: tuple[tuple[int, int], ...]  # (position, groups left in flight)
     first_exp2: int
     last_exp2: int
 
 
-def loop_shape(qk: str, head_dim: int, schedule: int) -> LoopShape:
+def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
+               sparse: bool = False) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
-    only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order."""
-    compiled = _compile(qk, head_dim, False, schedule)
+    only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
+    see ``_overlapped_step``)."""
+    compiled = _compile(qk, head_dim, sparse, schedule, groups, pin)
     with tempfile.TemporaryDirectory() as tmp:
         _, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
@@ -134,7 +142,8 @@ def loop_shape(qk: str, head_dim: int, schedule: int) -> LoopShape:
     waits = tuple((i, int(m.group(1), 16)) for i, ins in enumerate(step)
                   for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
-    return LoopShape(qk, head_dim, schedule, len(step), waits, exp2[0], exp2[-1])
+    pinned = host_launch(qk, head_dim, sparse, groups).flags["PIN"] if pin is None else pin
+    return LoopShape(qk, head_dim, schedule, groups, sparse, pinned, len(step), waits, exp2[0], exp2[-1])
 
 
 def main() -> None:
@@ -142,6 +151,10 @@ def main() -> None:
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's functions cannot be compiled")
     if sys.argv[1:] == ["--loops"]:  # the overlapped schedules' steady-state step, per mode, at head dim 128
         shapes = [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]]
+        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
+        return
+    if sys.argv[1:] == ["--pin"]:  # plain over 192-row lists (pinned by default), with and without the pin
+        shapes = [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)]
         print(json.dumps([dataclasses.asdict(r) for r in shapes]))
         return
     reports = [compile_report(qk, d, sparse, groups) for qk in ("plain", "fp8", "int8") for d in (64, 128)

@@ -1,0 +1,120 @@
+"""A/B in one run: the Hopper schedule with its exp2s pinned above the P·V wait (``pin=True``, the row sums
+stored to shared memory before the wait; see ``_overlapped_step``) against the same kernel without the
+pin, where ptxas places the wait before the first exp2. Both come from the working tree (``pin`` is a
+launch flag). Per shape and mode, interleaved rounds of do_bench medians on random bf16 inputs, with
+cuDNN SDPA (and flash-attn-4 where it imports) timed in the same run, and the cosine to a float32
+reference on a fresh input set. Then block lists at LTX (192 query rows, the selector's height there):
+random ascending lists of L key blocks per row, pinned and not, to see how time grows with L.
+
+    python benchmarks/experiments/pin_ab.py --out DIR [--rounds 2] [--shapes ltx wan] [--modes plain fp8 int8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+from ditgate.kernels.hopper_attention import ROWS_K, hopper_attention
+
+SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, sequence, head dim, warpgroups
+
+
+def inputs(h, s, d):
+    return tuple(torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+
+
+def cosine(out, ref, heads=4):
+    return torch.nn.functional.cosine_similarity(out[:, :heads].float().flatten(), ref.flatten(), dim=0).item()
+
+
+def exact_baselines(q, k, v):
+    """(name, callable) for cuDNN SDPA and, where it imports, flash-attn-4 on the same tensors."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    found = [("cudnn", cudnn)]
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))  # B, S, H, D storage as the kernel reads it
+        found.append(("fa4", lambda: flash_attn_func(qs, ks, vs)))
+    except Exception as exc:  # noqa: BLE001 - a missing package is a row left out, said once
+        print(f"fa4 left out: {type(exc).__name__}: {exc}", flush=True)
+    return found
+
+
+def random_lists(h, n_m, n_n, keep, seed=5):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    idx = torch.argsort(torch.rand(1, h, n_m, n_n, device="cuda", generator=g), dim=-1)[..., :keep]
+    return (idx.sort(dim=-1).values.to(torch.int32).contiguous(),
+            torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="ditgate-out")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--modes", nargs="+", default=["plain", "fp8", "int8"])
+    ap.add_argument("--schedules", nargs="+", type=int, default=[3])
+    ap.add_argument("--list-lengths", nargs="*", type=int, default=[16, 65, 108, 216])
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def record(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out_dir / "pin-ab.json").write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "command": "python benchmarks/experiments/pin_ab.py " + " ".join(sys.argv[1:]), "rows": rows}, indent=1))
+
+    for shape in args.shapes:
+        h, s, d, groups = SHAPES[shape]
+        flops = 4.0 * h * s * s * d
+        q, k, v = inputs(h, s, d)
+        for name, fn in exact_baselines(q, k, v):
+            ms = triton.testing.do_bench(fn, warmup=25, rep=200)
+            record(dict(shape=shape, form=name, ms=ms, tflops=flops / ms * 1e-9))
+        for qk in args.modes:
+            cq, ck, cv = inputs(h, s, d)
+            ref = torch.nn.functional.scaled_dot_product_attention(cq[:, :4].float(), ck[:, :4].float(), cv[:, :4].float())
+            variants = [(sched, pin) for sched in args.schedules for pin in (False, True)]
+            for rnd in range(args.rounds):
+                for sched, pin in variants:
+                    call = dict(qk=qk, schedule=sched, groups=groups, pin=pin)
+                    cos = cosine(hopper_attention(cq, ck, cv, **call), ref) if rnd == 0 else None
+                    ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=25, rep=200)
+                    record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, pin=pin, round=rnd, ms=ms,
+                                tflops=flops / ms * 1e-9, cosine=cos))
+        if shape != "ltx" or not args.list_lengths:
+            continue
+        n_m, n_n = -(-s // (64 * groups)), -(-s // ROWS_K)
+        for qk in ("plain", "fp8"):
+            for length in args.list_lengths:
+                idx, cnt = random_lists(h, n_m, n_n, min(length, n_n))
+                for pin in (False, True):
+                    call = dict(qk=qk, groups=groups, pin=pin, kv_index=idx, kv_count=cnt)
+                    ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=10, rep=100)
+                    record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, pin=pin,
+                                ms=ms))
+    print("\nshape  form              sched pin  round      ms   TFLOP/s  cosine")
+    for r in rows:
+        extra = f"{r.get('blocks', '')}/{r.get('of', '')}" if "blocks" in r else f"{r.get('schedule', '')}"
+        print(f"{r['shape']:5}  {r['form']:17} {extra:>7} {str(r.get('pin', '')):5} {r.get('round', ''):>2} "
+              f"{r['ms']:8.3f} {r.get('tflops', 0):8.1f}  {r.get('cosine') or ''}")
+
+
+if __name__ == "__main__":
+    main()
