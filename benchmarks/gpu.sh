@@ -25,6 +25,10 @@
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage ($MODELS, default both)
 #   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
+#   bash benchmarks/gpu.sh s8-prep       (carry .big/a benchmarks/experiments/tile_select_before.py)  keep the first
+#                                        half; the selector's kernels against the previous ones (A/B); pinned list tests
+#   bash benchmarks/gpu.sh s8-final      (carry .whl, after s8-prep and join)  install; GPU tests of the forms; the
+#                                        sparse stage at LTX; FP8 against cuDNN and fa4 at LTX
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -62,6 +66,23 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s8-prep)  # carry .big/a and the selector's "before" module (written from git: see selector_ab.py)
+    cp .big/a/cu13.partaa /tmp/
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 benchmarks/experiments/selector_ab.py --out "$OUT" 2>&1 | tee "$OUT/selector-ab.log" \
+        | grep -v "^{" | tail -22
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "lists and plain" 2>&1 | tail -3 \
+        | tee "$OUT/pytest-hopper.txt"
+    ;;
+s8-final)  # carry .whl after s8-prep and join
+    install
+    python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
+    timeout 260 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | grep -v "radial\|window" | tail -30
+    timeout 90 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx --modes fp8 --rounds 1 --list-lengths \
+        2>&1 | tail -6
+    ;;
 s8-pin)  # carry .whl (no fa4): the pinned softmax against the unpinned, dense and over lists; the Hopper tests with it
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

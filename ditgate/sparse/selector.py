@@ -113,7 +113,7 @@ class TileSelector:
         if keep >= geo.candidates:
             return None
         n_m, n = geo.n_rows, geo.n_cols
-        counts = self._counts(layout, q.device, keep, rows).expand(B, H, n_m).contiguous()
+        counts = self._counts(layout, q.device, keep, rows, B, H)
         if self._use_kernels(q):
             from ..kernels import tile_select
 
@@ -144,10 +144,13 @@ class TileSelector:
         """Indices of the ``keep`` highest scores of each row (any order)."""
         return scores.topk(keep, dim=-1, sorted=False).indices
 
-    def _counts(self, layout: TokenLayout, device: torch.device, keep: int, rows: int) -> torch.Tensor:
-        """Tiles per query row: ``keep`` video tiles plus the pinned ones, or every non-padding tile."""
-        key = (layout, str(device), keep, rows)
+    def _counts(self, layout: TokenLayout, device: torch.device, keep: int, rows: int, batch: int,
+                heads: int) -> torch.Tensor:
+        """Int32 [batch, heads, query tiles]: ``keep`` video tiles plus the pinned ones, or every non-padding
+        tile. Made once per shape (the copy was a kernel launch on every call); nobody writes to it."""
+        key = (layout, str(device), keep, rows, batch, heads)
         if key not in self._count_cache:
             geo = self.geometry(layout, device, rows)
-            self._count_cache[key] = torch.where(geo.sparse, keep + geo.n_pinned, geo.width).to(torch.int32)
+            per_tile = torch.where(geo.sparse, keep + geo.n_pinned, geo.width).to(torch.int32)
+            self._count_cache[key] = per_tile.expand(batch, heads, geo.n_rows).contiguous()
         return self._count_cache[key]
