@@ -25,8 +25,8 @@
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage ($MODELS, default both)
 #   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
-#   bash benchmarks/gpu.sh s8-prep       (carry .big/a benchmarks/experiments/tile_select_before.py)  keep the first
-#                                        half; the selector's kernels against the previous ones (A/B); pinned list tests
+#   bash benchmarks/gpu.sh s8-prep       (carry .big/a)        keep the first half; the selector's kernels against an
+#                                        alternative (A/B, selector_ab.py); pinned list tests
 #   bash benchmarks/gpu.sh s8-final      (carry .whl, after s8-prep and join)  install; GPU tests of the forms; the
 #                                        sparse stage at LTX; FP8 against cuDNN and fa4 at LTX
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
@@ -66,7 +66,7 @@ install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
-s8-prep)  # carry .big/a and the selector's "before" module (written from git: see selector_ab.py)
+s8-prep)  # carry .big/a (call b of results s8 carried the tree's kernels as a "before" module: see selector_ab.py)
     cp .big/a/cu13.partaa /tmp/
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 200 python3 benchmarks/experiments/selector_ab.py --out "$OUT" 2>&1 | tee "$OUT/selector-ab.log" \

@@ -1,10 +1,9 @@
-"""A/B in one run: the tile selector's Triton kernels as they are (pooling by groups of heads, then scoring,
-choosing and listing in one kernel) against the previous ones (pooling one head per program; scores by
-a torch matmul, then a choose-and-list kernel), at budget 0.3 on the LTX and Wan-14B long shapes. Each
-part and the sum of parts, medians of CUDA-event samples; the lists of both are compared. The "before"
-module is not kept in the tree; write it first (``benchmarks/gpu.sh`` does):
-
-    git show 8332d58:ditgate/kernels/tile_select.py > benchmarks/experiments/tile_select_before.py
+"""A/B in one run: the tile selector's Triton kernels (``ditgate.kernels.tile_select``: pooling one head per
+program; scores by a torch matmul, then a choose-and-list kernel) against an alternative
+(``tile_select_grouped`` beside this file: pooling by groups of heads, then scoring, choosing and listing in
+one kernel), at budget 0.3 on the LTX and Wan-14B long shapes. Each part and the sum of parts, medians of
+CUDA-event samples; the lists of both are compared. Call b of results 2026-12-03-h200-s8 ran it with the
+alternative in ``ditgate/kernels`` and the tree's kernels as a "before" copy; the labels are the same.
 
     python benchmarks/experiments/selector_ab.py --out DIR
 """
@@ -21,10 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import tile_select_before as before  # noqa: E402
+import tile_select_grouped as after  # noqa: E402
 
 from ditgate.gate.timing import warm_samples  # noqa: E402
-from ditgate.kernels import tile_select as after  # noqa: E402
+from ditgate.kernels import tile_select as before  # noqa: E402
 from ditgate.sparse.layout import TokenLayout  # noqa: E402
 from ditgate.sparse.selector import TileSelector  # noqa: E402
 
@@ -46,7 +45,7 @@ def main() -> None:
         g = torch.Generator(device="cuda").manual_seed(3)
         q, k = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, generator=g).transpose(1, 2) for _ in range(2))
         layout = TokenLayout.video_then(s)
-        sel = TileSelector(128, kernels=True)
+        sel = TileSelector(128, kernels=True)  # the tree's kernels
         geo = sel.geometry(layout, dev, q_rows)
         keep = sel.keep_count(layout, args.budget, q_rows)
         n_m, n = geo.n_rows, geo.n_cols
@@ -77,11 +76,11 @@ def main() -> None:
             "after: pool q": lambda: after.pool_tiles(q, q_rows),
             "after: pool k": lambda: after.pool_tiles(k, 128),
             "after: score, choose and list": new_choose,
-            "after: select (whole)": lambda: sel.select(q, k, layout, args.budget, q_rows),
+            "before: select (whole)": lambda: sel.select(q, k, layout, args.budget, q_rows),
         }
         times = {part: t(fn) for part, fn in parts.items()}
         times["before: choose and list"] -= times["before: scores (matmul)"]  # timed with its matmul
-        times["before: sum of parts"] = sum(v for p, v in times.items() if p.startswith("before"))
+        times["before: sum of parts"] = sum(v for p, v in times.items() if p.startswith("before") and "whole" not in p)
         times["after: sum of parts"] = sum(times[p] for p in ("after: pool q", "after: pool k",
                                                               "after: score, choose and list"))
         q_bytes = q.numel() * q.element_size()
