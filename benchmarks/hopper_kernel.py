@@ -4,8 +4,9 @@ Per shape (bf16 random inputs, B, S, H, D storage seen as B, H, S, D views): the
 each mode (plain, fp8, int8) through the Triton kernel at its default tile and through the Hopper
 schedule at each consumer schedule, warpgroup count and ring depth asked for, timed end to end
 (quantization passes included) with CUDA events (median of 10 after warm-up), cosine to a float32
-reference on a fresh input set; then the Hopper schedule's block-sparse lists (two warpgroups, the
-fastest schedule) at densities 0.5 / 0.25 / 0.125 against its own dense time.
+reference on a fresh input set; then the Hopper schedule's block-sparse lists (random, ascending; query
+blocks of the head dim's own warpgroups, 192 rows at 64 and 128 at 128, as the forms ask the selector for;
+the fastest schedule) at densities 0.5 / 0.25 / 0.125 against its own dense time at those warpgroups.
 
     python benchmarks/hopper_kernel.py --out DIR [--shapes ...] [--modes ...] [--schedules 3 4]
         [--groups 2 3] [--stages 2 3 4] [--no-triton]
@@ -25,7 +26,7 @@ from quant_kernel import bench, random_lists, shape_case
 
 from ditgate.forms import AttentionInputs, create_forms
 from ditgate.gate import compare, environment
-from ditgate.kernels.hopper_attention import ROWS_HALF, ROWS_K, ROWS_Q, default_stages, hopper_attention
+from ditgate.kernels.hopper_attention import DEFAULT_GROUPS, ROWS_HALF, ROWS_K, default_stages, hopper_attention
 from ditgate.kernels.quant_attention import KernelConfig, quant_attention, quantize
 
 
@@ -36,7 +37,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["plain", "fp8", "int8"], choices=["plain", "fp8", "int8"])
     ap.add_argument("--stages", nargs="+", type=int, default=[], help="ring depths to try besides the default")
     ap.add_argument("--schedules", nargs="+", type=int, default=[2], help="consumer schedules (see _consume)")
-    ap.add_argument("--groups", nargs="+", type=int, default=[2], help="consumer warpgroups per program (2 or 3)")
+    ap.add_argument("--groups", nargs="+", type=int, default=None,
+                    help="consumer warpgroups per program (2 or 3; by default the head dim's own, DEFAULT_GROUPS)")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton schedule's rows")
     args = ap.parse_args()
     out = Path(args.out)
@@ -86,26 +88,27 @@ def main() -> None:
             if not args.no_triton:
                 measure(f"triton {qk}", lambda: quant_attention(q, k, v, qk=qk),
                         lambda: quant_attention(cq, ck, cv, qk=qk))
-            best = None  # the fastest with two warpgroups, which the block lists need
+            list_groups = DEFAULT_GROUPS[d]  # the lists' query rows are the program's: what the forms ask for
+            best = None  # the fastest with those warpgroups
             for sch in args.schedules:
-                for g in args.groups:
+                for g in args.groups or [list_groups]:
                     for st in sorted({default_stages(d, qk, g), *args.stages}):
-                        row = measure(f"hopper {qk} s{st} p{sch}" + (f" g{g}" if g != 2 else ""),
+                        row = measure(f"hopper {qk} s{st} p{sch} g{g}",
                                       lambda: hopper_attention(q, k, v, qk=qk, stages=st, schedule=sch, groups=g),
                                       lambda: hopper_attention(cq, ck, cv, qk=qk, stages=st, schedule=sch, groups=g))
-                        if row and g == 2 and (best is None or row["ms"] < best[1]["ms"]):
+                        if row and g == list_groups and (best is None or row["ms"] < best[1]["ms"]):
                             best = ((st, sch), row)
             if best is None:
                 continue
             (st, sch), dense = best
-            n_m, n_n = -(-s // ROWS_Q), -(-s // ROWS_K)
+            n_m, n_n = -(-s // (ROWS_HALF * list_groups)), -(-s // ROWS_K)
             for density in (0.5, 0.25, 0.125):
                 idx, cnt, keep = random_lists(h, n_m, n_n, density)
-                ms = bench(lambda: hopper_attention(q, k, v, qk=qk, stages=st, schedule=sch, kv_index=idx,
-                                                    kv_count=cnt))
+                ms = bench(lambda: hopper_attention(q, k, v, qk=qk, stages=st, schedule=sch, groups=list_groups,
+                                                    kv_index=idx, kv_count=cnt))
                 ratio = ms[0] / dense["ms"]
-                record({"shape": name, "row": f"hopper {qk} s{st} p{sch} sparse d={density}", "ms": ms[0], "min": ms[1],
-                        "max": ms[2], "density": keep / n_n, "x_own_dense_time": ratio,
+                record({"shape": name, "row": f"hopper {qk} s{st} p{sch} g{list_groups} sparse d={density}",
+                        "ms": ms[0], "min": ms[1], "max": ms[2], "density": keep / n_n, "x_own_dense_time": ratio,
                         "bound_1.15xdensity": 1.15 * keep / n_n, "within": ratio <= 1.15 * keep / n_n})
         del q, k, v, cq, ck, cv, ref
         torch.cuda.empty_cache()
