@@ -24,8 +24,8 @@
 #   bash benchmarks/gpu.sh s7-check      (carry .whl)          no fa4: tests/test_gpu.py (192-row lists through the forms); selector parts
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage ($MODELS, default both)
-#   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; the kernels against cuDNN and
-#                                        fa4 at both shapes, lists at the densities; then the sparse stage at Wan
+#   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
+#                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the densities
 #   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
 #   bash benchmarks/gpu.sh s8-prep       (carry .big/a)        keep the first half; the selector's kernels against an
 #                                        alternative (A/B, selector_ab.py); pinned list tests
@@ -88,10 +88,11 @@ s8-final)  # carry .whl after s8-prep and join
 s8-table)  # carry .whl after prep and join
     install
     python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
-    timeout 330 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
+    timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "soft" 2>&1 | tail -3 | tee "$OUT/pytest-hopper.txt"
+    timeout 200 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes plain int8 --list-lengths 65 \
+        --variants soft_exp2=0 soft_exp2=8 soft_exp2=4 2>&1 | tee "$OUT/soft-ab.log" | grep -v "^{" | tail -32
+    timeout 240 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
-    timeout 200 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f 2>&1 \
-        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | grep -v "radial\|window" | tail -30
     ;;
 s8-pin)  # carry .whl (no fa4): the pinned softmax against the unpinned, dense and over lists; the Hopper tests with it
     install_small

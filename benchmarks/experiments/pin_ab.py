@@ -7,6 +7,10 @@ reference on a fresh input set. Then block lists at LTX (192 query rows, the sel
 random ascending lists of L key blocks per row, pinned and not, to see how time grows with L.
 
     python benchmarks/experiments/pin_ab.py --out DIR [--rounds 2] [--shapes ltx wan] [--modes plain fp8 int8]
+        [--variants pin=0 pin=1 | soft_exp2=0 soft_exp2=8 ...]
+
+``--variants``: the launch flags compared (``hopper_attention`` keywords, integers; by default the pin off
+and on). Call a of results 2026-12-03-h200-s8 ran the default; a later call compared ``soft_exp2``.
 """
 
 from __future__ import annotations
@@ -67,10 +71,16 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["plain", "fp8", "int8"])
     ap.add_argument("--schedules", nargs="+", type=int, default=[3])
     ap.add_argument("--list-lengths", nargs="*", type=int, default=[16, 65, 108, 216])
+    ap.add_argument("--variants", nargs="+", default=["pin=0", "pin=1"],
+                    help="hopper_attention keywords per variant, name=integer[,name=integer]")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
+    variants = [{k: int(v) for k, v in (item.split("=") for item in spec.split(","))} for spec in args.variants]
+    for flags in variants:
+        if "pin" in flags:
+            flags["pin"] = bool(flags["pin"])
 
     def record(row):
         rows.append(row)
@@ -90,29 +100,30 @@ def main() -> None:
         for qk in args.modes:
             cq, ck, cv = inputs(h, s, d)
             ref = torch.nn.functional.scaled_dot_product_attention(cq[:, :4].float(), ck[:, :4].float(), cv[:, :4].float())
-            variants = [(sched, pin) for sched in args.schedules for pin in (False, True)]
             for rnd in range(args.rounds):
-                for sched, pin in variants:
-                    call = dict(qk=qk, schedule=sched, groups=groups, pin=pin)
+                for sched, flags in ((sched, flags) for sched in args.schedules for flags in variants):
+                    call = dict(qk=qk, schedule=sched, groups=groups, **flags)
                     cos = cosine(hopper_attention(cq, ck, cv, **call), ref) if rnd == 0 else None
                     ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=25, rep=200)
-                    record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, pin=pin, round=rnd, ms=ms,
+                    record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, **flags, round=rnd, ms=ms,
                                 tflops=flops / ms * 1e-9, cosine=cos))
         if shape != "ltx" or not args.list_lengths:
             continue
         n_m, n_n = -(-s // (64 * groups)), -(-s // ROWS_K)
-        for qk in ("plain", "fp8"):
+        for qk in [m for m in args.modes if m in ("plain", "fp8")]:
             for length in args.list_lengths:
                 idx, cnt = random_lists(h, n_m, n_n, min(length, n_n))
-                for pin in (False, True):
-                    call = dict(qk=qk, groups=groups, pin=pin, kv_index=idx, kv_count=cnt)
+                for flags in variants:
+                    call = dict(qk=qk, groups=groups, kv_index=idx, kv_count=cnt, **flags)
                     ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=10, rep=100)
-                    record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, pin=pin,
+                    record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, **flags,
                                 ms=ms))
-    print("\nshape  form              sched pin  round      ms   TFLOP/s  cosine")
+    names = sorted({name for flags in variants for name in flags})
+    print("\nshape  form              sched " + " ".join(f"{n[:5]:>5}" for n in names) + "  round      ms   TFLOP/s  cosine")
     for r in rows:
         extra = f"{r.get('blocks', '')}/{r.get('of', '')}" if "blocks" in r else f"{r.get('schedule', '')}"
-        print(f"{r['shape']:5}  {r['form']:17} {extra:>7} {str(r.get('pin', '')):5} {r.get('round', ''):>2} "
+        flags = " ".join(f"{str(r.get(n, '')):>5}" for n in names)
+        print(f"{r['shape']:5}  {r['form']:17} {extra:>7} {flags} {r.get('round', ''):>2} "
               f"{r['ms']:8.3f} {r.get('tflops', 0):8.1f}  {r.get('cosine') or ''}")
 
 
