@@ -24,6 +24,7 @@
 #   bash benchmarks/gpu.sh s7-check      (carry .whl)          no fa4: tests/test_gpu.py (192-row lists through the forms); selector parts
 #   bash benchmarks/gpu.sh join          (carry .big/b)        join the halves into /tmp (the tree, .whl and .big/b: > 64 MiB)
 #   bash benchmarks/gpu.sh s7-final      (carry .whl)          install; tests/test_gpu.py; the sparse stage ($MODELS, default both)
+#   bash benchmarks/gpu.sh s8-soft       (carry .whl)          no fa4: exp2s on the FMA units: tests, A/B per mode
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the densities
 #   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
@@ -84,6 +85,17 @@ s8-final)  # carry .whl after s8-prep and join
         | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | grep -v "radial\|window" | tail -30
     timeout 90 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx --modes fp8 --rounds 1 --list-lengths \
         2>&1 | tail -6
+    ;;
+s8-soft)  # carry .whl (no fa4): exp2s on the FMA units, their tests (head dim 64), then A/B against all on MUFU
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 100 python3 -m pytest -q tests/test_hopper_kernel.py -k "soft and d64" 2>&1 | tail -3 | tee "$OUT/pytest-hopper.txt"
+    timeout 200 python3 benchmarks/experiments/pin_ab.py --out "$OUT/plain" --modes plain --list-lengths 65 \
+        --variants soft_exp2=0 soft_exp2=8 2>&1 | tee "$OUT/soft-ab-plain.log" | grep -v "^{" | tail -14
+    timeout 120 python3 benchmarks/experiments/pin_ab.py --out "$OUT/fp8" --modes fp8 --schedules 1 --list-lengths \
+        --variants soft_exp2=0 soft_exp2=8 2>&1 | tee "$OUT/soft-ab-fp8.log" | grep -v "^{" | tail -12
+    timeout 80 python3 benchmarks/experiments/pin_ab.py --out "$OUT/int8" --shapes ltx --modes int8 --list-lengths \
+        --variants soft_exp2=0 soft_exp2=8 2>&1 | tee "$OUT/soft-ab-int8.log" | grep -v "^{" | tail -8
     ;;
 s8-table)  # carry .whl after prep and join
     install
