@@ -42,6 +42,7 @@ class CompileReport:
     wgmma: int  # warpgroup matrix instructions in the PTX
     setmaxnreg: int  # per-partition register budgets in the PTX
     shuffles: int  # warp shuffles in the PTX (row max and sum; an FP8 P moved between threads adds more)
+    wgmma_serialized: bool  # ptxas's C7511: it waits for every product right after issuing it (a silent slowdown)
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Launch:
@@ -105,7 +106,8 @@ def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> Com
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
     registers = max(int(n) for n in re.findall(r"Used (\d+) registers", info))
     return CompileReport(qk, head_dim, sparse, groups, compiled.metadata.shared, registers, spills,
-                         ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"))
+                         ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"),
+                         "wgmma.mma_async instructions are serialized" in info)
 
 
 @dataclass(frozen=True)
