@@ -10,7 +10,8 @@ random ascending lists of L key blocks per row, pinned and not, to see how time 
         [--variants pin=0 pin=1 | soft_exp2=0 soft_exp2=8 ...]
 
 ``--variants``: the launch flags compared (``hopper_attention`` keywords, integers; by default the pin off
-and on). Call a of results 2026-12-03-h200-s8 ran the default; a later call compared ``soft_exp2``.
+and on). Call a of results 2026-12-03-h200-s8 ran the default; calls e and f compared ``soft_exp2`` (an option
+of commit 02611ce, since removed) and ``schedule``.
 """
 
 from __future__ import annotations

@@ -71,8 +71,6 @@ DEFAULT_GROUPS = {64: 3, 128: 2}
 # (65 blocks); dense plain 12.06-12.48 against 12.41-12.43 at LTX, 35.5-35.6 against 34.9-37.1 at Wan. The
 # overlap inside a warpgroup that it makes possible gains nothing where the exp2 units are already the limit.
 PINNED = frozenset({("plain", 64, 192)})
-# (mode, head dim): one exp2 in how many computed on the FMA units (``_soft_exp2_ptx``); 0 where absent
-SOFT_EXP2_DEFAULT: dict[tuple[str, int], int] = {}
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -117,47 +115,8 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
             tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_K, v_col], bar, v_bufs.index(st))
 
 
-@gluon.constexpr_function
-def _soft_exp2_ptx(every, degree):
-    """PTX for one asm over ``every`` fp32 values: 2^x of the first ``every`` - 1 by the exp2 unit (MUFU), of
-    the last by the FMA units, as FlashAttention-4 does on Blackwell: x clamped at -126, split into
-    round(x) (the 1.5 * 2^23 add) and f in [-0.5, 0.5], 2^f by a polynomial (least squares in the relative
-    error over [-0.5, 0.5]: degree 3, 13.7 bits, for 16-bit P; degree 2, 9.1 bits, for FP8 P), round(x)
-    added to the exponent bits. Why: at head dim 64 the exp2 unit, 16 results per clock per multiprocessor,
-    is the softmax's narrowest part; the FMA units have room beside it."""
-    coefficients = {3: ("0f3F7FFB57", "0f3F317A8E", "0f3E786D5B", "0f3D61A4C2"),
-                    2: ("0f3F8010D7", "0f3F341206", "0f3E7389F9")}[degree]
-    lines = [f"ex2.approx.ftz.f32 ${i}, ${i + every};" for i in range(every - 1)]
-    lines += [f"max.f32 t, ${2 * every - 1}, 0fC2FC0000;", "add.rn.f32 j, t, 0f4B400000;",
-              "sub.rn.f32 f, j, 0f4B400000;", "sub.rn.f32 f, t, f;",
-              f"fma.rn.f32 p, f, {coefficients[degree]}, {coefficients[degree - 1]};"]
-    lines += [f"fma.rn.f32 p, p, f, {coefficients[k]};" for k in range(degree - 2, -1, -1)]
-    lines += ["shl.b32 j, j, 23;", f"add.s32 ${every - 1}, p, j;"]
-    return "{ .reg .b32 t, j, f, p; " + " ".join(lines) + " }"
-
-
-@gluon.constexpr_function
-def _soft_exp2_constraints(every):
-    return ",".join(["=r"] * every + ["r"] * every)
-
-
-SOFT_EXP2 = (0, 4, 8)  # one in how many exp2s the FMA units compute (0: none)
-
-
 @gluon.jit
-def _exp2(x, SOFT: gl.constexpr, QUANT: gl.constexpr):
-    """2^x elementwise; one value in ``SOFT`` on the FMA units (``_soft_exp2_ptx``), the rest on MUFU."""
-    if SOFT == 0:
-        return gl.exp2(x)
-    else:
-        DEGREE: gl.constexpr = 2 if QUANT else 3
-        return gl.inline_asm_elementwise(_soft_exp2_ptx(SOFT, DEGREE), _soft_exp2_constraints(SOFT), [x],
-                                         dtype=gl.float32, is_pure=True, pack=SOFT)
-
-
-@gluon.jit
-def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  SOFT: gl.constexpr):
+def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
@@ -165,7 +124,10 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     (l_i carries the same factor). INT8 products become float by the magic-number add. ``MASK``: this
     may be the tail block (keys past S_K), masked where ``j`` is the last key block. Only ever the last
     visited block (the lists ascend), so the loop body stays free of the mask (ptxas turns the branch
-    into selects on every element)."""
+    into selects on every element). Every exp2 is MUFU's: one in 8 (or 4) by a polynomial on the FMA
+    units, as FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
+    benchmarks/results/2026-12-03-h200-s8, call e: plain 12.56-13.05 against 12.24-12.30 ms at LTX, FP8
+    10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
     if QUANT:
         LOG2_P_SCALE: gl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
     else:
@@ -182,11 +144,7 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
             raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
     m_new = gl.maximum(m_i, (gl.max(raw, axis=1) - offset) * c)
     alpha = gl.exp2(m_i - m_new)
-    shift = m_new + offset * c - LOG2_P_SCALE
-    if SOFT == 0:
-        p = gl.exp2(raw * c - shift[:, None])
-    else:  # one FMA per value, as the compiler makes of the line above for MUFU's input; here it did not
-        p = _exp2(gl.fma(raw, gl.full(raw.shape, c, gl.float32, raw.type.layout), -shift[:, None]), SOFT, QUANT)
+    p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
@@ -320,15 +278,14 @@ def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl
 @gluon.jit
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
-                 MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                 SOFT: gl.constexpr):
+                 MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr):
     """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V, each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, SOFT)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     acc = warpgroup_mma(_as_operand(p, v_bufs.dtype, o_layout), _v_operand(v_bufs, st, V_T), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -341,7 +298,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
-                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr, SOFT: gl.constexpr):
+                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -371,7 +328,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     if TURNS:
         mbarrier.arrive(turn.index((PART + 1) % GROUPS), count=1)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, SOFT)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
     if PIN:
         sums.store(l_i)
     acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
@@ -386,8 +343,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 @gluon.jit
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr,
-             SOFT: gl.constexpr):
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -428,29 +384,29 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
         for i in range(count - 1):
             acc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
-                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, SOFT)
+                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T)
         if count > 0:
             acc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
-                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, SOFT)
+                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK, SOFT)
+        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
         carried = _carried(p, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, SOFT)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN)
         if count > 1:
             acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, SOFT)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -475,8 +431,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
                         H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr,
-             SOFT: gl.constexpr):
+                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -526,15 +481,15 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     if GROUPS == 3:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, SOFT)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, SOFT)),
-            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, SOFT)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, SOFT)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, SOFT)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
         ], [4, 4], [240, 240])
 
 
@@ -621,12 +576,10 @@ class Launch:
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
-                pin: bool | None = None, soft_exp2: int | None = None) -> Launch:
+                pin: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
-    exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
-    ``soft_exp2``: one exp2 in that many on the FMA units (``_soft_exp2_ptx``; 0 none), by default
-    ``SOFT_EXP2_DEFAULT``."""
+    exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
@@ -649,10 +602,6 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     sparse = kv_index is not None
     if pin is None:
         pin = (qk, D, rows_q if sparse else None) in PINNED
-    if soft_exp2 is None:
-        soft_exp2 = SOFT_EXP2_DEFAULT.get((qk, D), 0)
-    if soft_exp2 not in SOFT_EXP2:
-        raise ValueError(f"soft_exp2 must be one of {SOFT_EXP2}, not {soft_exp2!r}")
     if sparse:
         lists = (kv_index, kv_count, kv_index.shape[3])
     else:
@@ -661,8 +610,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
             H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
-                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
-                 SOFT=soft_exp2)
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin)
     return Launch((n_m, B * H), args, flags)
 
 
@@ -670,8 +618,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      scale: float | None = None, kv_index: torch.Tensor | None = None,
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
-                     out: torch.Tensor | None = None, pin: bool | None = None,
-                     soft_exp2: int | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, pin: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -706,7 +653,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin,
-                         soft_exp2)
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

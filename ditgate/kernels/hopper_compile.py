@@ -64,7 +64,7 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Lau
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
-             pin: bool | None = None, soft_exp2: int | None = None):
+             pin: bool | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -75,8 +75,6 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
         flags["SCHEDULE"] = schedule
     if pin is not None:
         flags["PIN"] = pin
-    if soft_exp2 is not None:
-        flags["SOFT"] = soft_exp2
     fn = ha._hopper_attn_kernel
     signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
     signature.update({name: "constexpr" for name in flags})
