@@ -27,6 +27,7 @@
 #   bash benchmarks/gpu.sh s8-soft       (carry .whl)          no fa4: exp2s on the FMA units: tests, A/B per mode
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the densities
+#   bash benchmarks/gpu.sh s8-wan        (carry .whl, after prep and join)  install; the sparse stage at Wan-14B
 #   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
 #   bash benchmarks/gpu.sh s8-prep       (carry .big/a)        keep the first half; the selector's kernels against an
 #                                        alternative (A/B, selector_ab.py); pinned list tests
@@ -96,6 +97,11 @@ s8-soft)  # carry .whl (no fa4): exp2s on the FMA units (soft_exp2, only at comm
         --variants soft_exp2=0 soft_exp2=8 2>&1 | tee "$OUT/soft-ab-fp8.log" | grep -v "^{" | tail -12
     timeout 80 python3 benchmarks/experiments/pin_ab.py --out "$OUT/int8" --shapes ltx --modes int8 --list-lengths \
         --variants soft_exp2=0 soft_exp2=8 2>&1 | tee "$OUT/soft-ab-int8.log" | grep -v "^{" | tail -8
+    ;;
+s8-wan)  # carry .whl after prep and join: the sparse stage at Wan-14B, fa4 alongside
+    install
+    timeout 330 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -40
     ;;
 s8-table)  # carry .whl after prep and join
     install
