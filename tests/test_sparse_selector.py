@@ -241,3 +241,20 @@ def test_sparse_forms_keep_square_tiles_off_hopper():
     call = describe_call(q, q, q, None, 0.0, False, False, None)
     for name, form in create_forms(["block_sparse", "fp8_sparse", "flex_sparse"]).items():
         assert form.selection_rows(call, 128) is None, name
+
+
+def test_counts_per_batch_and_head_are_made_once_per_shape():
+    """The per-tile counts come from a cache keyed by shape: a batch of two gets its own [2, H, tiles],
+    each batch element's lists the same as its own call's, and a repeat call reuses the tensor."""
+    lay, sel = _layout(), TileSelector(B, kernels=False)
+    q1, k1 = _qk(21)
+    q2, k2 = _qk(22)
+    both = sel.select(torch.cat([q1, q2]), torch.cat([k1, k2]), lay, 0.3)
+    assert both.kv_count.shape == (2, 4, 13)
+    for b, (q, k) in enumerate(((q1, k1), (q2, k2))):
+        alone = sel.select(q, k, lay, 0.3)
+        assert torch.equal(both.kv_count[b], alone.kv_count[0])
+        used = torch.arange(alone.kv_index.shape[-1]) < alone.kv_count[0][..., None]
+        assert torch.equal(both.kv_index[b][used], alone.kv_index[0][used])
+    assert sel.select(torch.cat([q2, q1]), torch.cat([k2, k1]), lay, 0.3).kv_count is both.kv_count
+    assert (both.kv_count[:, :, :10] == sel.keep_count(lay, 0.3) + 2).all()  # video rows: keep + 2 text tiles
