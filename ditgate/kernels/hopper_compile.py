@@ -65,6 +65,7 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Lau
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None):
+    """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -78,8 +79,9 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
     fn = ha._hopper_attn_kernel
     signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
     signature.update({name: "constexpr" for name in flags})
-    return triton.compile(GluonASTSource(fn, signature, flags), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4})
+    compiled = triton.compile(GluonASTSource(fn, signature, flags), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4})
+    return compiled, flags
 
 
 def _tool(name: str) -> str:
@@ -97,7 +99,7 @@ def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
 
 
 def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> CompileReport:
-    compiled = _compile(qk, head_dim, sparse, groups=groups)
+    compiled, _ = _compile(qk, head_dim, sparse, groups=groups)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
@@ -132,7 +134,7 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled = _compile(qk, head_dim, sparse, schedule, groups, pin)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin)
     with tempfile.TemporaryDirectory() as tmp:
         _, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
@@ -144,8 +146,7 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
     waits = tuple((i, int(m.group(1), 16)) for i, ins in enumerate(step)
                   for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
-    pinned = host_launch(qk, head_dim, sparse, groups).flags["PIN"] if pin is None else pin
-    return LoopShape(qk, head_dim, schedule, groups, sparse, pinned, len(step), waits, exp2[0], exp2[-1])
+    return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], len(step), waits, exp2[0], exp2[-1])
 
 
 def main() -> None:
