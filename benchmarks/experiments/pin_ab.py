@@ -103,7 +103,7 @@ def main() -> None:
             ref = torch.nn.functional.scaled_dot_product_attention(cq[:, :4].float(), ck[:, :4].float(), cv[:, :4].float())
             for rnd in range(args.rounds):
                 for sched, flags in ((sched, flags) for sched in args.schedules for flags in variants):
-                    call = dict(qk=qk, schedule=sched, groups=groups, **flags)
+                    call = {**dict(qk=qk, schedule=sched, groups=groups), **flags}  # a variant may set groups
                     cos = cosine(hopper_attention(cq, ck, cv, **call), ref) if rnd == 0 else None
                     ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=25, rep=200)
                     record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, **flags, round=rnd, ms=ms,
@@ -115,7 +115,7 @@ def main() -> None:
             for length in args.list_lengths:
                 idx, cnt = random_lists(h, n_m, n_n, min(length, n_n))
                 for flags in variants:
-                    call = dict(qk=qk, groups=groups, kv_index=idx, kv_count=cnt, **flags)
+                    call = {**dict(qk=qk, groups=groups, kv_index=idx, kv_count=cnt), **flags}
                     ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=10, rep=100)
                     record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, **flags,
                                 ms=ms))

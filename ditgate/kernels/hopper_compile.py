@@ -45,32 +45,32 @@ class CompileReport:
     wgmma_serialized: bool  # ptxas's C7511: it waits for every product right after issuing it (a silent slowdown)
 
 
-def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Launch:
+def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, keys: int = ha.ROWS_K) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
     out = torch.empty_like(q)
-    n = -(-S // ha.ROWS_Q)
+    n = -(-S // keys)
     n_m = -(-S // (ha.ROWS_HALF * groups))  # query blocks of the lists: the program's rows
     qz = None
     if qk != "plain":
         e = torch.float8_e4m3fn if qk == "fp8" else torch.int8
-        pad = n * ha.ROWS_Q
+        pad = n * keys
         qz = Quantized(torch.empty(H, pad, D, dtype=e), torch.empty(H, pad // ha.ROWS_HALF),
                        torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
-    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups)
+    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, keys=keys)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
-             pin: bool | None = None):
+             pin: bool | None = None, keys: int = ha.ROWS_K):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups)
+    launch = host_launch(qk, head_dim, sparse, groups, keys)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -98,8 +98,8 @@ def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
     return info, cubin
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> CompileReport:
-    compiled, _ = _compile(qk, head_dim, sparse, groups=groups)
+def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, keys: int = ha.ROWS_K) -> CompileReport:
+    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, keys=keys)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
