@@ -28,6 +28,8 @@
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the densities
 #   bash benchmarks/gpu.sh s8-wan        (carry .whl, after prep and join)  install; the sparse stage at Wan-14B
+#   bash benchmarks/gpu.sh s9-final      (carry .whl, after prep and join)  install; FP8 and INT8 (defaults) against cuDNN, fa4
+#   bash benchmarks/gpu.sh s9-tcsum      (carry .whl)          no fa4: row sums on the tensor cores or not (tests, A/B)
 #   bash benchmarks/gpu.sh s9-keys       (carry .whl)          no fa4: 256 key rows per stage against 128 (tests, A/B)
 #   bash benchmarks/gpu.sh s8-pin        (carry .whl)          no fa4: exp2s pinned above the P·V wait or not (A/B), tests
 #   bash benchmarks/gpu.sh s8-prep       (carry .big/a)        keep the first half; the selector's kernels against an
@@ -109,6 +111,20 @@ s8-table)  # carry .whl after prep and join
     python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
     timeout 400 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
+    ;;
+s9-final)  # carry .whl after prep and join: install; FP8 and INT8 as ditgate launches them against cuDNN and fa4
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 300 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 --list-lengths \
+        --variants default ${PIN_ARGS:-} 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -30
+    ;;
+s9-tcsum)  # carry .whl (no fa4): P's row sums from the tensor cores (P times ones) against the softmax's adds
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 -m pytest -q -x tests/test_hopper_kernel.py -k "tensor_core_row_sums or refuses" \
+        2>&1 | tail -4 | tee "$OUT/pytest-hopper.txt"
+    timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --list-lengths 16 65 216 \
+        --variants tc_sum=0 tc_sum=1 ${PIN_ARGS:-} 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -60
     ;;
 s9-keys)  # carry .whl (no fa4): 256 key rows per stage against 128 (dense quantized calls), tests then A/B
     install_small

@@ -208,6 +208,45 @@ def test_three_warpgroups_match_reference(shape, qk, layout):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("schedule", [0, 1, 3, 4], ids=[f"schedule{s}" for s in (0, 1, 3, 4)])
+@pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
+@pytest.mark.parametrize("shape, groups", [((1, 4, 4, 1000, 1000, 128), 2), ((2, 4, 2, 300, 77, 64), 3),
+                                           ((1, 2, 1, 256, 384, 64), 2)], ids=["odd-128", "gqa-cross-3", "even-64"])
+def test_tensor_core_row_sums_match_reference(shape, groups, qk, schedule):
+    """P's row sums from the tensor cores (P times ones, ``tc_sum``): within the same bound as the sums
+    from the softmax, and close to them (the only difference: the quantized P is summed, not fp32 P)."""
+    q, k, v = _qkv(*shape, seed=sum(shape) + 17)
+    out = torch.full_like(q, float("nan"))
+    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule, groups=groups, tc_sum=True)
+    assert torch.isfinite(out).all()
+    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
+    softmax_sums = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, tc_sum=False)
+    assert _rel(out, softmax_sums.double()) < REL_L2[qk] / 2
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["plain", "fp8"])
+@pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
+def test_tensor_core_row_sums_over_lists(qk, groups):
+    """Over block lists, with an empty list (zeros, not 0/0) and a masked tail block."""
+    B, H, S, D = 1, 2, 1000, 64
+    rows = 64 * groups
+    q, k, v = _qkv(B, H, H, S, S, D, seed=19)
+    n_m, n = -(-S // rows), -(-S // 128)
+    keep = torch.rand(B, H, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4)) < 0.4
+    keep[..., -1] = True
+    keep[0, 0, 1] = False
+    count = keep.sum(-1).to(torch.int32)
+    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, tc_sum=True)
+    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
+    assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
+    assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("schedule", [0, 1, 3])
 @pytest.mark.parametrize("qk", ["fp8", "int8"])
 @pytest.mark.parametrize("shape", [(1, 4, 4, 1000, 1000, 64), (2, 4, 2, 300, 77, 64), (1, 2, 1, 256, 700, 128),

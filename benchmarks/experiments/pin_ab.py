@@ -73,15 +73,17 @@ def main() -> None:
     ap.add_argument("--schedules", nargs="+", type=int, default=[3])
     ap.add_argument("--list-lengths", nargs="*", type=int, default=[16, 65, 108, 216])
     ap.add_argument("--variants", nargs="+", default=["pin=0", "pin=1"],
-                    help="hopper_attention keywords per variant, name=integer[,name=integer]")
+                    help="hopper_attention keywords per variant, name=integer[,name=integer], or default")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    variants = [{k: int(v) for k, v in (item.split("=") for item in spec.split(","))} for spec in args.variants]
+    variants = [{} if spec == "default" else {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
+                for spec in args.variants]  # "default": the launch as ditgate's forms make it
     for flags in variants:
-        if "pin" in flags:
-            flags["pin"] = bool(flags["pin"])
+        for name in ("pin", "tc_sum"):
+            if name in flags:
+                flags[name] = bool(flags[name])
 
     def record(row):
         rows.append(row)

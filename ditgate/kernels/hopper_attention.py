@@ -72,7 +72,15 @@ DEFAULT_GROUPS = {64: 3, 128: 2}
 # overlap inside a warpgroup that it makes possible gains nothing where the exp2 units are already the limit.
 PINNED = frozenset({("plain", 64, 192)})
 KEY_ROWS = (128, 256)  # key rows per stage (and per K scale of the quantized copies)
-DEFAULT_KEYS: dict[tuple[str, int, int], int] = {}  # (mode, head dim, warpgroups) -> key rows, where 256 measured faster
+DEFAULT_KEYS: dict[tuple[str, int, int], int] = {}
+# (mode, head dim, list rows or None) where P's row sums from the tensor cores (``_consume``'s TC_SUM: 51 fewer
+# instructions per step in the SASS of FP8 at head dim 64, 430 to 379) measured faster than the softmax's adds, both
+# from the same kernel in one run (benchmarks/results/2026-12-03-h200-s9, call d, pin_ab.py, two rounds): dense at
+# LTX (head dim 64, three warpgroups) FP8 9.29-9.41 ms against 9.90-9.99, INT8 10.56-10.57 against 11.00-11.02,
+# cosines unchanged (0.99845, 0.99925). Elsewhere it tied or was mixed: plain at LTX 12.16-12.59 against 12.34-12.42;
+# at Wan-14B (head dim 128) FP8 26.82-27.49 against 27.33-27.38, INT8 27.88-28.47 against 27.97-28.07, plain
+# 35.90-35.97 against 34.58-35.87; lists of 65 blocks (192 rows) 3.47 against 3.49 (FP8), 3.75 against 3.75 (plain)
+TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})  # (mode, head dim, warpgroups) -> key rows, where 256 measured faster
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -92,12 +100,18 @@ def _mma_layout(bits, n):
 
 
 @gluon.jit
-def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr):
-    """The load partition: Q once (64 rows per consumer warpgroup), then each listed key block's K and V
-    into the next free stage."""
-    (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row, q_col, k_row,
-     k_col, v_row, v_col) = loads
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS)
+def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr,
+             TC_SUM: gl.constexpr):
+    """The load partition: Q once (64 rows per consumer warpgroup) and, where the row sums are the tensor
+    cores' (``TC_SUM``), the tile of ones they multiply P by; then each listed key block's K and V into
+    the next free stage."""
+    (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row, count,
+     q_row, q_col, k_row, k_col, v_row, v_col) = loads
+    if TC_SUM:
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS + ones_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(ones_desc, [0, 0], q_ready, ones_smem)
+    else:
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS)
     for g in gl.static_range(GROUPS):
         tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
@@ -119,7 +133,8 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
 
 
 @gluon.jit
-def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr):
+def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
+                  SUM: gl.constexpr = True):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
@@ -149,7 +164,8 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     m_new = gl.maximum(m_i, (gl.max(raw, axis=1) - offset) * c)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    if SUM:  # otherwise the tensor cores sum P (``TC_SUM``) and l_i stays as it came
+        l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
@@ -282,19 +298,27 @@ def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl
 @gluon.jit
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
-                 MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr):
-    """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V, each waited for."""
+                 MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
+                 TC_SUM: gl.constexpr):
+    """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V (and P·1, ``TC_SUM``), each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    acc = warpgroup_mma(_as_operand(p, v_bufs.dtype, o_layout), _v_operand(v_bufs, st, V_T), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    pv = _as_operand(p, v_bufs.dtype, o_layout)
+    acc = warpgroup_mma(pv, _v_operand(v_bufs, st, V_T), acc, is_async=True)
+    if TC_SUM:
+        lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
+        lstep = warpgroup_mma(pv, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
+        acc, lstep = warpgroup_mma_wait(num_outstanding=0, deps=(acc, lstep))
+        lacc = lacc + lstep
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(kv_empty.index(st), count=1)
-    return acc, m_i, l_i, j_next, ks_next, j_after
+    return acc, lacc, m_i, l_i, j_next, ks_next, j_after
 
 
 @gluon.jit
@@ -302,7 +326,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
-                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr):
+                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr, lacc, ones_smem, TC_SUM: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -328,26 +352,39 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if EARLY:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if TC_SUM:
+            lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
     o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
+    if TC_SUM:
+        l_tok = warpgroup_mma(pd, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
     if TURNS:
         mbarrier.arrive(turn.index((PART + 1) % GROUPS), count=1)
-    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK)
+    if TC_SUM:
+        s = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok,))
+    else:
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM)
     if PIN:
         sums.store(l_i)
-    acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
+    if TC_SUM:
+        acc, lstep, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
+        lacc = lacc + lstep
+    else:
+        acc, p, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p, l_i))
     _hold(pd)
     mbarrier.arrive(kv_empty.index(prev), count=1)
     if not EARLY:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    return (acc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1])), alpha, m_i, l_i, j_next, ks_next,
-            j_after)
+        if TC_SUM:
+            lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
+    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1])), alpha, m_i,
+            l_i, j_next, ks_next, j_after)
 
 
 @gluon.jit
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr):
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -357,9 +394,15 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     products instead of both competing for the exp2 units at once. 3 and 4: 1 and 2 with the output
     rescaled before the P·V issue (``_overlapped_step``'s EARLY). The last visited block is stepped
     apart, the only one that may need the tail mask. Each step carries the block index and K scale of
-    the next (``_ahead``)."""
+    the next (``_ahead``). ``TC_SUM``: the row sums of P come from the tensor cores, as P times a tile of
+    ones (64 x 8, every column the sum) issued with each P·V, instead of from 62 adds and 4 shuffles per
+    thread and step in the softmax. Each block's sum starts from zero and is added to the running one
+    (``lacc``) in fp32 registers: accumulated across blocks inside the 8-bit product, the running sum
+    lost precision (on the H200 the cosine fell from 0.99849 to 0.99808 in FP8 mode and from 0.99921 to
+    0.99880 in INT8 mode at LTX's shape; Hopper's FP8 products keep about 14 bits of their sums, as
+    DeepSeek-V3's report measured)."""
     (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base, sos, sod,
-     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums_smem) = shared
+     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums_smem, ones_smem) = shared
     sums = sums_smem.index(PART)
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
@@ -378,6 +421,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF, D], gl.float32, o_layout)
+    l_layout: gl.constexpr = _mma_layout(pv_dtype.primitive_bitwidth, 8)
+    lacc = gl.zeros([HALF, 8], gl.float32, l_layout)
     j = _block_index(row, 0, SPARSE)  # every list has a first slot, used or not
     if QUANT:
         ksc = gl.load(KS + ks_base + j, mask=count > 0, other=1.0)
@@ -387,39 +432,50 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     mbarrier.wait(q_ready, 0)
     if SCHEDULE == 0:
         for i in range(count - 1):
-            acc, m_i, l_i, j, ksc, j_next = _serial_step(
+            acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
-                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T)
+                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
+                TC_SUM)
         if count > 0:
-            acc, m_i, l_i, j, ksc, j_next = _serial_step(
+            acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
-                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T)
+                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, lacc,
+                ones_smem, TC_SUM)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK)
+        p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
+                                           not TC_SUM)
         carried = _carried(p, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1]))
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
-            acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
+            acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM)
         if count > 1:
-            acc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
+            acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        acc = warpgroup_mma(_operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1])),
-                            _v_operand(v_bufs, last, V_T), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if TC_SUM:
+                lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
+        pv = _operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1]))
+        acc = warpgroup_mma(pv, _v_operand(v_bufs, last, V_T), acc, is_async=True)
+        if TC_SUM:
+            lstep = warpgroup_mma(pv, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
+            acc, lstep = warpgroup_mma_wait(num_outstanding=0, deps=(acc, lstep))
+            lacc = lacc + lstep
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(last), count=1)
+    if TC_SUM:
+        l_i = gl.convert_layout(gl.max(lacc, axis=1), gl.SliceLayout(1, s_layout))  # every column holds the sum
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
@@ -431,12 +487,12 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
 
 
 @gluon.jit
-def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
+def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
                         q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
                         H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr):
+                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -458,6 +514,10 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
     sums = gl.allocate_shared_memory(gl.float32, [GROUPS, HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # PIN
+    if TC_SUM:
+        ones_smem = gl.allocate_shared_memory(ones_desc.dtype, [8, BLOCK_K], ones_desc.layout)
+    else:
+        ones_smem = sums  # not read
     mbarrier.init(q_ready, count=1)
     for g in gl.static_range(GROUPS):
         mbarrier.init(turn.index(g), count=1)
@@ -480,22 +540,22 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, O, QS, KS, VS, KV_INDEX, KV_COUN
     q_row = b * q_rb + h * q_rh + q_start
     k_row = b * k_rb + hk * k_rh
     v_row = b * v_rb + hk * v_rh
-    produce = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, row, count, q_row,
-               h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
+    produce = (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row,
+               count, q_row, h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
     shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base,
-              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums)
+              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums, ones_smem)
     if GROUPS == 3:
         gl.warp_specialize([
-            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
-            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
-            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN)),
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
         ], [4, 4], [240, 240])
 
 
@@ -582,7 +642,7 @@ class Launch:
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
-                pin: bool | None = None, keys: int = ROWS_K) -> Launch:
+                pin: bool | None = None, keys: int = ROWS_K, tc_sum: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``)."""
@@ -606,17 +666,25 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         rows = tuple(x for view in views for x in (view.rb, view.rh, view.ch))
         scales = (out, out, out)  # unused placeholders
     sparse = kv_index is not None
+    where = (qk, D, rows_q if sparse else None)
+    if tc_sum is None:
+        tc_sum = where in TC_SUMMED
     if pin is None:
-        pin = (qk, D, rows_q if sparse else None) in PINNED
+        pin = where in PINNED and not tc_sum
+    if pin and tc_sum:
+        raise ValueError("pin stores the softmax's row sums, which tc_sum leaves to the tensor cores")
+    ones = torch.ones(8, keys, dtype=v_desc.base.dtype, device=q.device)  # read only with tc_sum
+    ones_desc = _descriptor(ones, [8, keys])
     if sparse:
         lists = (kv_index, kv_count, kv_index.shape[3])
     else:
         lists = (out, out, 0)
-    args = (q_desc, k_desc, v_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
+    args = (q_desc, k_desc, v_desc, ones_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
             H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups, keys), SPARSE=sparse, EVEN_K=SK % keys == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
-                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin)
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
+                 TC_SUM=tc_sum)
     return Launch((n_m, B * H), args, flags)
 
 
@@ -625,7 +693,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None, pin: bool | None = None,
-                     keys: int | None = None) -> torch.Tensor:
+                     keys: int | None = None, tc_sum: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -665,6 +733,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, keys)
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, keys, tc_sum)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -64,7 +64,7 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, keys: int
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
-             pin: bool | None = None, keys: int = ha.ROWS_K):
+             pin: bool | None = None, keys: int = ha.ROWS_K, tc_sum: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -76,6 +76,9 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
         flags["SCHEDULE"] = schedule
     if pin is not None:
         flags["PIN"] = pin
+    if tc_sum is not None:
+        flags["TC_SUM"] = tc_sum
+        flags["PIN"] = flags["PIN"] and not tc_sum
     fn = ha._hopper_attn_kernel
     signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
     signature.update({name: "constexpr" for name in flags})
@@ -129,12 +132,12 @@ class LoopShape:
 
 
 def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
-               sparse: bool = False) -> LoopShape:
+               sparse: bool = False, tc_sum: bool | None = None) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum=tc_sum)
     with tempfile.TemporaryDirectory() as tmp:
         _, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
