@@ -126,7 +126,8 @@ s9-tcsum)  # carry .whl (no fa4): P's row sums from the tensor cores (P times on
     timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --list-lengths 16 65 216 \
         --variants tc_sum=0 tc_sum=1 ${PIN_ARGS:-} 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -60
     ;;
-s9-keys)  # carry .whl (no fa4): 256 key rows per stage against 128 (dense quantized calls), tests then A/B
+s9-keys)  # carry .whl (no fa4), at commit 4dcb3b0 (the keys option was removed after it lost): 256 key rows per stage
+    # against 128 (dense quantized calls), tests then A/B
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 200 python3 -m pytest -q -x tests/test_hopper_kernel.py -k "256_key or refuses or (matches and schedule3 and fp8)" \

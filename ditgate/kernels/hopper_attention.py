@@ -36,7 +36,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .quant_attention import LOG2E, QK_MODES, KernelConfig, quantize
 
 HALF = gl.constexpr(64)
-BLOCK_K = gl.constexpr(128)  # key rows per stage
+# key rows per stage. 256 (dense quantized calls, two warpgroups; commit 4dcb3b0) lost on the H200 in one run
+# (benchmarks/results/2026-12-03-h200-s9, call a): FP8 at LTX 10.82-10.89 ms against 9.94-10.02 with 128 (three
+# warpgroups), INT8 11.95 against 11.04; at Wan-14B only the serial schedule fits 256 keys in registers (the
+# overlapped ones spill and serialize their products), FP8 27.02-28.50 against 27.60-27.70
+BLOCK_K = gl.constexpr(128)
 ROWS_Q, ROWS_K = 128, BLOCK_K.value  # query rows of a block list's block (two warpgroups), key rows per stage
 ROWS_HALF = HALF.value  # query rows per consumer warpgroup, and per Q scale of the quantized modes
 GROUPS = (2, 3)  # consumer warpgroups per program: 128 or 192 query rows (registers per consumer thread: 240
@@ -71,8 +75,6 @@ DEFAULT_GROUPS = {64: 3, 128: 2}
 # (65 blocks); dense plain 12.06-12.48 against 12.41-12.43 at LTX, 35.5-35.6 against 34.9-37.1 at Wan. The
 # overlap inside a warpgroup that it makes possible gains nothing where the exp2 units are already the limit.
 PINNED = frozenset({("plain", 64, 192)})
-KEY_ROWS = (128, 256)  # key rows per stage (and per K scale of the quantized copies)
-DEFAULT_KEYS: dict[tuple[str, int, int], int] = {}
 # (mode, head dim, list rows or None) where P's row sums from the tensor cores (``_consume``'s TC_SUM: 51 fewer
 # instructions per step in the SASS of FP8 at head dim 64, 430 to 379) measured faster than the softmax's adds, both
 # from the same kernel in one run (benchmarks/results/2026-12-03-h200-s9, call d, pin_ab.py, two rounds): dense at
@@ -80,7 +82,7 @@ DEFAULT_KEYS: dict[tuple[str, int, int], int] = {}
 # cosines unchanged (0.99845, 0.99925). Elsewhere it tied or was mixed: plain at LTX 12.16-12.59 against 12.34-12.42;
 # at Wan-14B (head dim 128) FP8 26.82-27.49 against 27.33-27.38, INT8 27.88-28.47 against 27.97-28.07, plain
 # 35.90-35.97 against 34.58-35.87; lists of 65 blocks (192 rows) 3.47 against 3.49 (FP8), 3.75 against 3.75 (plain)
-TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})  # (mode, head dim, warpgroups) -> key rows, where 256 measured faster
+TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -115,7 +117,6 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
     for g in gl.static_range(GROUPS):
         tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    BLOCK_K: gl.constexpr = k_desc.block_type.shape[0]
     for i in range(count):
         if SPARSE:
             j = gl.load(row + i)
@@ -157,7 +158,6 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
         raw = s
         offset: gl.constexpr = 0.0
     if MASK:
-        BLOCK_K: gl.constexpr = s.shape[1]
         if j == n_n - 1:
             cols = j * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, s.type.layout))
             raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
@@ -248,13 +248,13 @@ def _reordered(p, o_layout: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _narrowing(groups, int_qk, keys):
+def _narrowing(groups, int_qk):
     """How an 8-bit P crosses the loop (``_carried``): 0 as fp32 (two warpgroups, 240 registers each); at
     three (160 registers, where fp32 P spilled) 2 for FP8 (packed bytes) and 1 for INT8 (float16). On the
     H200 at LTX's 32 x 27588 x 64 (benchmarks/results/2026-12-03-h200-s7, call f, two rounds): FP8 packed
     9.94-9.99 ms against 10.13-10.17 as float16; INT8 packed 12.05-12.13 against 11.03-11.05, so INT8
     keeps float16 (why it loses is not measured)."""
-    if groups != 3 and keys <= 128:
+    if groups != 3:
         return 0
     return 1 if int_qk else 2
 
@@ -345,7 +345,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     prev = (i - 1) % STAGES
-    pd = _operand(carried, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1]))
+    pd = _operand(carried, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK))
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
@@ -377,7 +377,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         if TC_SUM:
             lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
-    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1])), alpha, m_i,
+    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK)), alpha, m_i,
             l_i, j_next, ks_next, j_after)
 
 
@@ -406,8 +406,7 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     sums = sums_smem.index(PART)
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
-    BLOCK_K: gl.constexpr = k_bufs.shape[1]
-    s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K if not INT_QK else 128)
+    s_layout: gl.constexpr = _mma_layout(qk_bits, BLOCK_K)
     o_layout: gl.constexpr = _mma_layout(pv_dtype.primitive_bitwidth, D)
     if INT_QK:
         s_zero = gl.zeros([HALF, BLOCK_K], gl.int32, s_layout)
@@ -448,7 +447,7 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
                                            not TC_SUM)
-        carried = _carried(p, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1]))
+        carried = _carried(p, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
@@ -465,7 +464,7 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if TC_SUM:
                 lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
-        pv = _operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK, k_bufs.shape[1]))
+        pv = _operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
         acc = warpgroup_mma(pv, _v_operand(v_bufs, last, V_T), acc, is_async=True)
         if TC_SUM:
             lstep = warpgroup_mma(pv, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
@@ -502,7 +501,6 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     hk = h // (H // H_KV)
     bhk = b * H_KV + hk
     q_start = pid_m * HALF * GROUPS
-    BLOCK_K: gl.constexpr = k_desc.block_type.shape[0]
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [_q_slots(GROUPS), HALF, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_K, D], k_desc.layout)
     if V_T:
@@ -624,10 +622,10 @@ def _descriptor(view: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
-def default_stages(head_dim: int, qk: str, groups: int = 2, keys: int = ROWS_K) -> int:
+def default_stages(head_dim: int, qk: str, groups: int = 2) -> int:
     """Key/value stages that fit beside Q (64 rows per consumer warpgroup) in 227 KB of shared memory."""
     elem = 2 if qk == "plain" else 1
-    stage = 2 * keys * head_dim * elem
+    stage = 2 * ROWS_K * head_dim * elem
     return max(2, min(4, (227 * 1024 - ROWS_HALF * _q_slots(groups) * head_dim * elem - 1024) // stage))
 
 
@@ -642,18 +640,18 @@ class Launch:
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
-                pin: bool | None = None, keys: int = ROWS_K, tc_sum: bool | None = None) -> Launch:
+                pin: bool | None = None, tc_sum: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
-    n_m, n_n = -(-SQ // rows_q), -(-SK // keys)
+    n_m, n_n = -(-SQ // rows_q), -(-SK // ROWS_K)
     if qz is not None:
         q_desc = _descriptor(qz.q.view(-1, D), [ROWS_HALF, D])
-        k_desc = _descriptor(qz.k.view(-1, D), [keys, D])
-        v_desc = _descriptor(qz.vt.view(-1, qz.sk_pad), [D, keys])
+        k_desc = _descriptor(qz.k.view(-1, D), [ROWS_K, D])
+        v_desc = _descriptor(qz.vt.view(-1, qz.sk_pad), [D, ROWS_K])
         rows = (H * qz.sq_pad, qz.sq_pad, 0, HK * qz.sk_pad, qz.sk_pad, 0, HK * D, D, 0)
         scales = (qz.q_scale, qz.k_scale, qz.v_scale)
     else:
@@ -661,8 +659,8 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         if any(view is None for view in views):
             raise ValueError("plain mode reads [B, H, S, D] or [B, S, H, D] storage with 16-byte aligned rows")
         q_desc = _descriptor(views[0].matrix, [ROWS_HALF, D])
-        k_desc = _descriptor(views[1].matrix, [keys, D])
-        v_desc = _descriptor(views[2].matrix, [keys, D])
+        k_desc = _descriptor(views[1].matrix, [ROWS_K, D])
+        v_desc = _descriptor(views[2].matrix, [ROWS_K, D])
         rows = tuple(x for view in views for x in (view.rb, view.rh, view.ch))
         scales = (out, out, out)  # unused placeholders
     sparse = kv_index is not None
@@ -673,15 +671,15 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         pin = where in PINNED and not tc_sum
     if pin and tc_sum:
         raise ValueError("pin stores the softmax's row sums, which tc_sum leaves to the tensor cores")
-    ones = torch.ones(8, keys, dtype=v_desc.base.dtype, device=q.device)  # read only with tc_sum
-    ones_desc = _descriptor(ones, [8, keys])
+    ones = torch.ones(8, ROWS_K, dtype=v_desc.base.dtype, device=q.device)  # read only with tc_sum
+    ones_desc = _descriptor(ones, [8, ROWS_K])
     if sparse:
         lists = (kv_index, kv_count, kv_index.shape[3])
     else:
         lists = (out, out, 0)
     args = (q_desc, k_desc, v_desc, ones_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
             H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
-    flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups, keys), SPARSE=sparse, EVEN_K=SK % keys == 0,
+    flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
                  TC_SUM=tc_sum)
@@ -693,7 +691,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None, pin: bool | None = None,
-                     keys: int | None = None, tc_sum: bool | None = None) -> torch.Tensor:
+                     tc_sum: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -713,11 +711,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
         groups = 2 if kv_index is not None else DEFAULT_GROUPS[D]
     if groups not in GROUPS or (groups != 2 and D != 64):
         raise ValueError(f"groups must be one of {GROUPS} (3 only at head dim 64), not {groups!r}")
-    if keys is None:
-        keys = ROWS_K if kv_index is not None else DEFAULT_KEYS.get((qk, D, groups), ROWS_K)
-    if keys not in KEY_ROWS or (keys != ROWS_K and (kv_index is not None or groups != 2 or qk == "plain")):
-        raise ValueError(f"keys must be one of {KEY_ROWS}; {keys!r} rows per stage only for dense quantized calls "
-                         "with two warpgroups (block lists count 128-key blocks)")
     scale = D ** -0.5 if scale is None else float(scale)
     if out is None:
         out = torch.empty((B, SQ, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
@@ -729,10 +722,10 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                              f"blocks ({groups} warpgroups)")
         kv_index = kv_index.to(torch.int32).contiguous()
         kv_count = kv_count.to(torch.int32).contiguous()
-    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, keys), buffers,
+    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers,
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, keys, tc_sum)
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

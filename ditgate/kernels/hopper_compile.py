@@ -7,7 +7,7 @@ products against the exp2s in each overlapped schedule's loop. Run it in a proce
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops | --pin]
+    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum]
 """
 
 from __future__ import annotations
@@ -45,32 +45,32 @@ class CompileReport:
     wgmma_serialized: bool  # ptxas's C7511: it waits for every product right after issuing it (a silent slowdown)
 
 
-def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, keys: int = ha.ROWS_K) -> ha.Launch:
+def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
     out = torch.empty_like(q)
-    n = -(-S // keys)
+    n = -(-S // ha.ROWS_Q)
     n_m = -(-S // (ha.ROWS_HALF * groups))  # query blocks of the lists: the program's rows
     qz = None
     if qk != "plain":
         e = torch.float8_e4m3fn if qk == "fp8" else torch.int8
-        pad = n * keys
+        pad = n * ha.ROWS_Q
         qz = Quantized(torch.empty(H, pad, D, dtype=e), torch.empty(H, pad // ha.ROWS_HALF),
                        torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
-    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, keys=keys)
+    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
-             pin: bool | None = None, keys: int = ha.ROWS_K, tc_sum: bool | None = None):
+             pin: bool | None = None, tc_sum: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups, keys)
+    launch = host_launch(qk, head_dim, sparse, groups)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -101,8 +101,8 @@ def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
     return info, cubin
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, keys: int = ha.ROWS_K) -> CompileReport:
-    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, keys=keys)
+def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> CompileReport:
+    compiled, _ = _compile(qk, head_dim, sparse, groups=groups)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
@@ -125,6 +125,7 @@ class LoopShape:
     groups: int
     sparse: bool
     pin: bool  # the exp2s pinned above the P·V wait (``_overlapped_step``)
+    tc_sum: bool  # P's row sums from the tensor cores (``_consume``)
     instructions: int
     waits: tuple[tuple[int, int], ...]  # (position, groups left in flight)
     first_exp2: int
@@ -149,7 +150,8 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
     waits = tuple((i, int(m.group(1), 16)) for i, ins in enumerate(step)
                   for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
-    return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], len(step), waits, exp2[0], exp2[-1])
+    return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], len(step), waits, exp2[0],
+                     exp2[-1])
 
 
 def main() -> None:
@@ -157,6 +159,11 @@ def main() -> None:
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's functions cannot be compiled")
     if sys.argv[1:] == ["--loops"]:  # the overlapped schedules' steady-state step, per mode, at head dim 128
         shapes = [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]]
+        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
+        return
+    if sys.argv[1:] == ["--tc-sum"]:  # P's row sums from the softmax's adds or the tensor cores, in two modes' steps
+        shapes = [loop_shape(qk, d, 3, groups, tc_sum=tc_sum) for qk, d, groups in (("fp8", 64, 3), ("plain", 128, 2))
+                  for tc_sum in (False, True)]
         print(json.dumps([dataclasses.asdict(r) for r in shapes]))
         return
     if sys.argv[1:] == ["--pin"]:  # plain over 192-row lists (pinned by default), with and without the pin
