@@ -28,6 +28,7 @@
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the issue's densities
 #   bash benchmarks/gpu.sh s8-wan        (carry .whl, after prep and join)  install; the sparse stage at Wan-14B
+#   bash benchmarks/gpu.sh s9-check      (carry .whl)          no fa4: Hopper and forms' GPU tests; FP8 lists with tc_sum A/B
 #   bash benchmarks/gpu.sh s9-final      (carry .whl, after prep and join)  install; FP8 and INT8 (defaults) against cuDNN, fa4
 #   bash benchmarks/gpu.sh s9-tcsum      (carry .whl)          no fa4: row sums on the tensor cores or not (tests, A/B)
 #   bash benchmarks/gpu.sh s9-keys       (carry .whl)          no fa4: 256 key rows per stage against 128 (tests, A/B)
@@ -111,6 +112,16 @@ s8-table)  # carry .whl after prep and join
     python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
     timeout 400 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
+    ;;
+s9-check)  # carry .whl (no fa4): the Hopper tests and the forms' GPU tests at the final commit; FP8 lists with the
+    # tensor-core row sums or not (A/B)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 -m pytest -q tests/test_hopper_kernel.py -k "tensor_core or refuses or (matches and schedule3) \
+        or three_warpgroups or (lists and schedule3)" 2>&1 | tail -4 | tee "$OUT/pytest-hopper.txt"
+    timeout 150 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
+    timeout 150 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx --modes fp8 --rounds 1 \
+        --list-lengths 16 65 108 216 --variants tc_sum=0 tc_sum=1 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -16
     ;;
 s9-final)  # carry .whl after prep and join: install; FP8 and INT8 as ditgate launches them against cuDNN and fa4
     install
