@@ -81,7 +81,9 @@ PINNED = frozenset({("plain", 64, 192)})
 # LTX (head dim 64, three warpgroups) FP8 9.29-9.41 ms against 9.90-9.99, INT8 10.56-10.57 against 11.00-11.02,
 # cosines unchanged (0.99845, 0.99925). Elsewhere it tied or was mixed: plain at LTX 12.16-12.59 against 12.34-12.42;
 # at Wan-14B (head dim 128) FP8 26.82-27.49 against 27.33-27.38, INT8 27.88-28.47 against 27.97-28.07, plain
-# 35.90-35.97 against 34.58-35.87; lists of 65 blocks (192 rows) 3.47 against 3.49 (FP8), 3.75 against 3.75 (plain)
+# 35.90-35.97 against 34.58-35.87; lists of 65 blocks (192 rows) 3.47 against 3.49 (FP8), 3.75 against 3.75 (plain).
+# FP8 lists in call h: 16 / 65 / 108 / 216 blocks 1.260 / 3.491 / 5.385 / 10.192 against 1.267 / 3.491 / 5.358 /
+# 10.085 (dense in that run 9.22 against 9.94), though their SASS step is as short as dense's (379 instructions)
 TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
