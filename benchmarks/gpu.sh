@@ -117,7 +117,7 @@ s9-check)  # carry .whl (no fa4): the Hopper tests and the forms' GPU tests at t
     # tensor-core row sums or not (A/B)
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
-    timeout 240 python3 -m pytest -q tests/test_hopper_kernel.py -k "tensor_core or refuses or (matches and schedule3) \
+    timeout 420 python3 -m pytest -q tests/test_hopper_kernel.py -k "tensor_core or refuses or (matches and schedule3) \
         or three_warpgroups or (lists and schedule3)" 2>&1 | tail -4 | tee "$OUT/pytest-hopper.txt"
     timeout 150 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 | tee "$OUT/pytest-gpu.txt"
     timeout 150 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx --modes fp8 --rounds 1 \
