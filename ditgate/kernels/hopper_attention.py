@@ -298,6 +298,18 @@ def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl
 
 
 @gluon.jit
+def _rescaled(x, alpha):
+    """x's rows (the output or the row sums) times alpha, one per row, brought into x's layout."""
+    return x * gl.convert_layout(alpha, gl.SliceLayout(1, x.type.layout))[:, None]
+
+
+@gluon.jit
+def _sum_product(pv, ones_smem, lacc):
+    """P·1 for P's row sums (``TC_SUM``), issued: a fresh 64 x 8 accumulator, every column the block's sum."""
+    return warpgroup_mma(pv, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
+
+
+@gluon.jit
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
                  MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
@@ -309,12 +321,12 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, k
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc = _rescaled(acc, alpha)
     pv = _as_operand(p, v_bufs.dtype, o_layout)
     acc = warpgroup_mma(pv, _v_operand(v_bufs, st, V_T), acc, is_async=True)
     if TC_SUM:
-        lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
-        lstep = warpgroup_mma(pv, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
+        lacc = _rescaled(lacc, alpha)
+        lstep = _sum_product(pv, ones_smem, lacc)
         acc, lstep = warpgroup_mma_wait(num_outstanding=0, deps=(acc, lstep))
         lacc = lacc + lstep
     else:
@@ -353,12 +365,12 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
     s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if EARLY:
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = _rescaled(acc, alpha)
         if TC_SUM:
-            lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
+            lacc = _rescaled(lacc, alpha)
     o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
     if TC_SUM:
-        l_tok = warpgroup_mma(pd, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
+        l_tok = _sum_product(pd, ones_smem, lacc)
     if TURNS:
         mbarrier.arrive(turn.index((PART + 1) % GROUPS), count=1)
     if TC_SUM:
@@ -376,9 +388,9 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     _hold(pd)
     mbarrier.arrive(kv_empty.index(prev), count=1)
     if not EARLY:
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = _rescaled(acc, alpha)
         if TC_SUM:
-            lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, lacc.type.layout))[:, None]
+            lacc = _rescaled(lacc, alpha)
     return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK)), alpha, m_i,
             l_i, j_next, ks_next, j_after)
 
@@ -463,13 +475,13 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
                 INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            acc = _rescaled(acc, alpha)
             if TC_SUM:
-                lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
+                lacc = _rescaled(lacc, alpha)
         pv = _operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
         acc = warpgroup_mma(pv, _v_operand(v_bufs, last, V_T), acc, is_async=True)
         if TC_SUM:
-            lstep = warpgroup_mma(pv, ones_smem.permute((1, 0)), gl.zeros_like(lacc), use_acc=False, is_async=True)
+            lstep = _sum_product(pv, ones_smem, lacc)
             acc, lstep = warpgroup_mma_wait(num_outstanding=0, deps=(acc, lstep))
             lacc = lacc + lstep
         else:
