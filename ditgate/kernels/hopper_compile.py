@@ -45,7 +45,8 @@ class CompileReport:
     wgmma_serialized: bool  # ptxas's C7511: it waits for every product right after issuing it (a silent slowdown)
 
 
-def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Launch:
+def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
+                tc_sum: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
@@ -60,7 +61,7 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> ha.Lau
                        torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
-    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups)
+    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
@@ -70,15 +71,10 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups)
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum)  # PIN and TC_SUM as ``plan_launch`` decides them
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
-    if pin is not None:
-        flags["PIN"] = pin
-    if tc_sum is not None:
-        flags["TC_SUM"] = tc_sum
-        flags["PIN"] = flags["PIN"] and not tc_sum
     fn = ha._hopper_attn_kernel
     signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
     signature.update({name: "constexpr" for name in flags})
