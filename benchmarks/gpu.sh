@@ -28,6 +28,11 @@
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the issue's densities
 #   bash benchmarks/gpu.sh s8-wan        (carry .whl, after prep and join)  install; the sparse stage at Wan-14B
+#   bash benchmarks/gpu.sh s10-prep      (carry .big/a)        keep the first half; Hopper tests of this session's options
+#   bash benchmarks/gpu.sh s10-final     (carry .whl, after s10-prep and join)  install; every mode against cuDNN and
+#                                        fa4, lists at LTX; the forms' GPU tests
+#   bash benchmarks/gpu.sh s10-tree      (carry .whl)          no fa4: row max as a tree or a chain (A/B, bits compared)
+#   bash benchmarks/gpu.sh s10-probe     (carry .whl)          no fa4: INT8 narrow A/B; Nsight Compute stalls per SASS line
 #   bash benchmarks/gpu.sh s9-check      (carry .whl)          no fa4: Hopper and forms' GPU tests; FP8 lists with tc_sum A/B
 #   bash benchmarks/gpu.sh s9-final      (carry .whl, after prep and join)  install; FP8 and INT8 (defaults) against cuDNN, fa4
 #   bash benchmarks/gpu.sh s9-tcsum      (carry .whl)          no fa4: row sums on the tensor cores or not (tests, A/B)
@@ -112,6 +117,48 @@ s8-table)  # carry .whl after prep and join
     python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
     timeout 400 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
+    ;;
+s10-prep)  # carry .big/a: keep the first half of the cutlass wheel; the Hopper tests of this session's options
+    cp .big/a/cu13.partaa /tmp/
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 420 python3 -m pytest -q tests/test_hopper_kernel.py -k "tree or every_p_carry or refuses \
+        or three_warpgroups or (matches_reference and schedule3) or (lists and schedule3)" 2>&1 | tail -4 \
+        | tee "$OUT/pytest-hopper.txt"
+    ;;
+s10-final)  # carry .whl, after s10-prep and join: install; every mode as ditgate launches it against cuDNN and fa4 at
+    # both shapes, lists at densities 1/8, 1/4, 1/2 and 1 of LTX's 216 key blocks; the forms' GPU tests
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 plain \
+        --list-lengths 27 54 108 216 --variants default 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args" | tail -30
+    timeout 200 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -6 \
+        | tee "$OUT/pytest-gpu.txt"
+    ;;
+s10-tree)  # carry .whl (no fa4): each row's max as a tree of pairwise maxima or the compiler's chain (A/B), every
+    # mode at both shapes and over lists; the outputs compared bit for bit
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 540 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 plain --list-lengths 16 65 \
+        --variants tree_max=0 tree_max=1 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -40
+    ;;
+s10-probe)  # carry .whl (no fa4): INT8's P carried as packed FP8 bytes (narrow 2) or float16 (1) at LTX, A/B;
+    # Nsight Compute's stall samples per SASS instruction for FP8 at LTX, dense and over lists (tc_sum off and on)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx --modes int8 --list-lengths \
+        --variants narrow=1 narrow=2 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -12
+    for run in "dense" "lists65 --lists 65 --tc-sum 0" "lists65tc --lists 65 --tc-sum 1"; do
+        set -- $run
+        name=$1; shift
+        timeout 150 ncu --clock-control none -k regex:_hopper_attn_kernel -c 1 --section WarpStateStats \
+            --section SourceCounters --section ComputeWorkloadAnalysis --section SpeedOfLight -f -o "/tmp/ncu-$name" \
+            python3 benchmarks/ncu_target.py fp8 ltx "$@" > "$OUT/ncu-$name.log" 2>&1 || tail -5 "$OUT/ncu-$name.log"
+        ncu -i "/tmp/ncu-$name.ncu-rep" --page source --csv --print-source sass > "$OUT/sass-$name.csv" 2> "$OUT/sass-$name.err"
+        ncu -i "/tmp/ncu-$name.ncu-rep" --page details > "$OUT/ncu-$name.txt" 2>&1
+        grep -i "duration\|issue slots busy\|eligible warps\|tensor\|cycles per issued" "$OUT/ncu-$name.txt" | head -8
+        wc -c "$OUT/sass-$name.csv"; head -c 300 "$OUT/sass-$name.err"
+    done
     ;;
 s9-check)  # carry .whl (no fa4): the Hopper tests and the forms' GPU tests at the final commit; FP8 lists with the
     # tensor-core row sums or not (A/B)

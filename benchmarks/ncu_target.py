@@ -2,18 +2,37 @@
 bf16 random inputs at a fifth of the work of a benchmark shape (8 heads instead of 40 at Wan-14B, 6
 instead of 32 at LTX; the same sequence length and per-tile loop).
 
-    python benchmarks/ncu_target.py fp8|plain|int8 [wan|ltx] [schedule]
+    python benchmarks/ncu_target.py fp8|plain|int8 [wan|ltx] [--schedule N] [--lists L] [--tc-sum 0|1]
+        [--narrow 0|1|2]
+
+``--lists L``: random ascending block lists of L key blocks per query block (the program's rows: 192 at
+LTX, 128 at Wan), as ``pin_ab.py`` makes them; the other flags are ``hopper_attention``'s, default as
+ditgate's forms launch it.
 """
 
-import sys
+import argparse
 
 import torch
 
-from ditgate.kernels.hopper_attention import hopper_attention
+from ditgate.kernels.hopper_attention import DEFAULT_GROUPS, ROWS_HALF, ROWS_K, hopper_attention
 
-qk = sys.argv[1] if len(sys.argv) > 1 else "fp8"
-heads, seq, dim = {"wan": (8, 32760, 128), "ltx": (6, 27588, 64)}[sys.argv[2] if len(sys.argv) > 2 else "wan"]
-schedule = int(sys.argv[3]) if len(sys.argv) > 3 else None
+ap = argparse.ArgumentParser()
+ap.add_argument("qk", nargs="?", default="fp8", choices=["fp8", "plain", "int8"])
+ap.add_argument("shape", nargs="?", default="wan", choices=["wan", "ltx"])
+ap.add_argument("--schedule", type=int)
+ap.add_argument("--lists", type=int)
+ap.add_argument("--tc-sum", type=int, choices=[0, 1])
+ap.add_argument("--narrow", type=int, choices=[0, 1, 2])
+args = ap.parse_args()
+heads, seq, dim = {"wan": (8, 32760, 128), "ltx": (6, 27588, 64)}[args.shape]
+groups = DEFAULT_GROUPS[dim]
 q, k, v = (torch.randn(1, seq, heads, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
-hopper_attention(q, k, v, qk=qk, schedule=schedule)
+call = dict(qk=args.qk, schedule=args.schedule, groups=groups, narrow=args.narrow,
+            tc_sum=None if args.tc_sum is None else bool(args.tc_sum))
+if args.lists:
+    n_m, n_n = -(-seq // (ROWS_HALF * groups)), -(-seq // ROWS_K)
+    order = torch.argsort(torch.rand(1, heads, n_m, n_n, device="cuda"), dim=-1)[..., :min(args.lists, n_n)]
+    call.update(kv_index=order.sort(dim=-1).values.to(torch.int32).contiguous(),
+                kv_count=torch.full((1, heads, n_m), min(args.lists, n_n), dtype=torch.int32, device="cuda"))
+hopper_attention(q, k, v, **call)
 torch.cuda.synchronize()

@@ -79,6 +79,40 @@ def test_tensor_core_sums_take_the_adds_out_of_the_step():
         assert adds["instructions"] - tensor["instructions"] >= 35, (adds, tensor)
 
 
+def test_a_tree_of_maxima_shortens_the_chain_before_the_exp2s():
+    """Each row's max as a tree (``tree_max``, on by default for plain mode at head dim 64, ``TREE_MAXED``):
+    the longest chain of dependent maxima in the step drops from one per column a thread holds (32, plus
+    the shuffles' step) to the tree's depth, in the same number of instructions."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile", "--tree-max"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    shapes = json.loads(run.stdout.strip().splitlines()[-1])
+    for chain, tree in zip(shapes[::2], shapes[1::2]):
+        assert not chain["tree_max"] and tree["tree_max"] and chain["qk"] == tree["qk"]
+        assert chain["max_chain"] >= 31 and tree["max_chain"] <= 8, (chain, tree)
+        assert abs(chain["instructions"] - tree["instructions"]) <= 8 and tree["spill_bytes"] == 0, (chain, tree)
+    assert ("plain", 64, None) in ha.TREE_MAXED
+
+
+def test_launch_options_default_per_mode_and_are_checked():
+    """What ``plan_launch`` decides when the call leaves the schedule's options alone, on CPU tensors: the
+    tile of ones exists only where the row sums are the tensor cores' (V's descriptor stands in, never
+    read, so no call allocates it for nothing), and a P carry the kernel does not have is refused."""
+    from ditgate.kernels.hopper_compile import host_launch
+
+    fp8_64 = host_launch("fp8", 64, False, 3)
+    assert fp8_64.flags["TC_SUM"] and fp8_64.flags["NARROW"] == 2 and not fp8_64.flags["TREE_MAX"]
+    assert fp8_64.args[3] is not fp8_64.args[2] and fp8_64.args[3].base.shape == (8, ha.ROWS_K)
+    assert host_launch("int8", 64, False, 3).flags["NARROW"] == 2
+    fp8_128 = host_launch("fp8", 128, False, 2)
+    assert not fp8_128.flags["TC_SUM"] and fp8_128.flags["NARROW"] == 0 and fp8_128.args[3] is fp8_128.args[2]
+    assert host_launch("plain", 64, False, 3).flags["TREE_MAX"]
+    assert not host_launch("plain", 64, True, 3).flags["TREE_MAX"]
+    with pytest.raises(ValueError, match="narrow"):
+        host_launch("fp8", 64, False, 3, narrow=3)
+
+
 def test_fp8_p_reaches_its_product_without_moving_between_threads():
     """The FP8 P·V operand is built in each thread's own registers (keys reordered, V stored to match):
     no more warp shuffles than the bf16 mode, where the accumulator layout already is the operand's."""
@@ -286,6 +320,40 @@ def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, 
     listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n),
                                  schedule=schedule, groups=groups)
     assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
+def test_a_tree_of_maxima_changes_no_bit(qk):
+    """The max is exact in any order, so ``tree_max`` on and off give the same bits: dense with two and
+    three warpgroups, and over lists with an empty one."""
+    q, k, v = _qkv(2, 4, 2, 300, 77, 64, seed=23)
+    for groups in (2, 3):
+        outs = [ha.hopper_attention(q, k, v, qk=qk, groups=groups, tree_max=tree) for tree in (False, True)]
+        assert torch.equal(*outs)
+    q, k, v = _qkv(1, 2, 2, 1000, 1000, 128, seed=29)
+    n_m, n = 8, 8
+    keep = torch.rand(1, 2, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6)) < 0.5
+    keep[0, 1, 2] = False
+    count = keep.sum(-1).to(torch.int32)
+    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    outs = [ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, tree_max=tree) for tree in (False, True)]
+    assert torch.equal(*outs)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["fp8", "int8"])
+@pytest.mark.parametrize("groups", [2, 3])
+@pytest.mark.parametrize("narrow", [0, 1, 2])
+def test_every_p_carry_matches_reference(narrow, groups, qk):
+    """P across the loop as fp32, float16 or packed FP8 bytes (``narrow``), at either warpgroup count."""
+    q, k, v = _qkv(1, 4, 4, 1000, 1000, 64, seed=31)
+    out = torch.full_like(q, float("nan"))
+    ha.hopper_attention(q, k, v, qk=qk, out=out, groups=groups, narrow=narrow)
+    assert torch.isfinite(out).all()
+    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
 
 
 @gpu

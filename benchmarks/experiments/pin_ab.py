@@ -3,7 +3,8 @@ stored to shared memory before the wait; see ``_overlapped_step``) against the s
 pin, where ptxas places the wait before the first exp2. Both come from the working tree (``pin`` is a
 launch flag). Per shape and mode, interleaved rounds of do_bench medians on random bf16 inputs, with
 cuDNN SDPA (and flash-attn-4 where it imports) timed in the same run, and the cosine to a float32
-reference on a fresh input set. Then block lists at LTX (192 query rows, the selector's height there):
+reference on a fresh input set, and whether each variant's output has the same bits as the first
+variant's (on that input set; for lists, on the timed inputs). Then block lists at LTX (192 query rows, the selector's height there):
 random ascending lists of L key blocks per row, pinned and not, to see how time grows with L.
 
     python benchmarks/experiments/pin_ab.py --out DIR [--rounds 2] [--shapes ltx wan] [--modes plain fp8 int8]
@@ -81,7 +82,7 @@ def main() -> None:
     variants = [{} if spec == "default" else {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
                 for spec in args.variants]  # "default": the launch as ditgate's forms make it
     for flags in variants:
-        for name in ("pin", "tc_sum"):
+        for name in ("pin", "tc_sum", "tree_max"):
             if name in flags:
                 flags[name] = bool(flags[name])
 
@@ -103,31 +104,40 @@ def main() -> None:
         for qk in args.modes:
             cq, ck, cv = inputs(h, s, d)
             ref = torch.nn.functional.scaled_dot_product_attention(cq[:, :4].float(), ck[:, :4].float(), cv[:, :4].float())
+            first = {}
             for rnd in range(args.rounds):
                 for sched, flags in ((sched, flags) for sched in args.schedules for flags in variants):
                     call = {**dict(qk=qk, schedule=sched, groups=groups), **flags}  # a variant may set groups
-                    cos = cosine(hopper_attention(cq, ck, cv, **call), ref) if rnd == 0 else None
+                    cos = same = None
+                    if rnd == 0:
+                        out = hopper_attention(cq, ck, cv, **call)
+                        cos = cosine(out, ref)
+                        same = torch.equal(out, first.setdefault(sched, out))  # bits of the first variant's output
                     ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=25, rep=200)
                     record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, **flags, round=rnd, ms=ms,
-                                tflops=flops / ms * 1e-9, cosine=cos))
+                                tflops=flops / ms * 1e-9, cosine=cos, same_bits=same))
         if shape != "ltx" or not args.list_lengths:
             continue
         n_m, n_n = -(-s // (64 * groups)), -(-s // ROWS_K)
         for qk in [m for m in args.modes if m in ("plain", "fp8")]:
             for length in args.list_lengths:
                 idx, cnt = random_lists(h, n_m, n_n, min(length, n_n))
+                first = None
                 for flags in variants:
                     call = {**dict(qk=qk, groups=groups, kv_index=idx, kv_count=cnt), **flags}
+                    out = hopper_attention(q, k, v, **call)
+                    first = out.clone() if first is None else first
                     ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=10, rep=100)
                     record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, **flags,
-                                ms=ms))
+                                ms=ms, same_bits=torch.equal(out, first)))
     names = sorted({name for flags in variants for name in flags})
-    print("\nshape  form              sched " + " ".join(f"{n[:5]:>5}" for n in names) + "  round      ms   TFLOP/s  cosine")
+    print("\nshape  form              sched " + " ".join(f"{n[:5]:>5}" for n in names)
+          + "  round      ms   TFLOP/s  cosine  same bits as the first variant")
     for r in rows:
         extra = f"{r.get('blocks', '')}/{r.get('of', '')}" if "blocks" in r else f"{r.get('schedule', '')}"
         flags = " ".join(f"{str(r.get(n, '')):>5}" for n in names)
         print(f"{r['shape']:5}  {r['form']:17} {extra:>7} {flags} {r.get('round', ''):>2} "
-              f"{r['ms']:8.3f} {r.get('tflops', 0):8.1f}  {r.get('cosine') or ''}")
+              f"{r['ms']:8.3f} {r.get('tflops', 0):8.1f}  {r.get('cosine') or ''}  {r.get('same_bits', '')}")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,14 @@ PINNED = frozenset({("plain", 64, 192)})
 # FP8 lists in call h: 16 / 65 / 108 / 216 blocks 1.260 / 3.491 / 5.385 / 10.192 against 1.267 / 3.491 / 5.358 /
 # 10.085 (dense in that run 9.22 against 9.94), though their SASS step is as short as dense's (379 instructions)
 TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})
+# (mode, head dim, list rows or None) where each row's max as a tree of pairwise maxima (``_row_max``) measured
+# faster than the compiler's chain of dependent maxima, both from the same kernel in one run (bit-identical outputs;
+# benchmarks/results/2026-12-03-h200-s10, call b, pin_ab.py, two rounds): plain at LTX 11.89-11.90 ms against
+# 12.28-12.37. Everywhere else it lost or tied: FP8 at LTX 9.75-9.82 against 9.30-9.33, INT8 10.52 against
+# 10.36-10.38; at Wan-14B FP8 27.82-28.10 against 27.25-27.47, INT8 28.14-28.55 against 28.00, plain 34.36-34.48
+# against 34.46-34.53; LTX lists of 16 / 65 blocks FP8 1.293 / 3.552 against 1.264 / 3.509, plain 1.088 / 3.682
+# against 1.082 / 3.686. Why a shorter chain before the first exp2 slows the 8-bit modes is not measured
+TREE_MAXED = frozenset({("plain", 64, None)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -137,7 +145,7 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
 
 @gluon.jit
 def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  SUM: gl.constexpr = True):
+                  SUM: gl.constexpr, TREE_MAX: gl.constexpr):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
@@ -163,12 +171,35 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
         if j == n_n - 1:
             cols = j * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, s.type.layout))
             raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
-    m_new = gl.maximum(m_i, (gl.max(raw, axis=1) - offset) * c)
+    m_new = gl.maximum(m_i, (_row_max(raw, TREE_MAX) - offset) * c)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
     if SUM:  # otherwise the tensor cores sum P (``TC_SUM``) and l_i stays as it came
         l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _max_of_halves(x):
+    """The elementwise max of x's two column halves (split at the highest column bit)."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    a, b = gl.permute(gl.reshape(x, [M, 2, N // 2]), (0, 2, 1)).split()
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _row_max(x, TREE: gl.constexpr):
+    """Each row's max. ``TREE``: pairwise, halving the columns four times at the highest column bit (a
+    register bit of the accumulator layout, so nothing moves between threads) and once more at the lowest,
+    then across the four threads of a row; otherwise ``gl.max``, which the compiler makes one chain of 31
+    dependent maxima per row and thread."""
+    layout: gl.constexpr = x.type.layout
+    if TREE:
+        x = _max_of_halves(_max_of_halves(_max_of_halves(_max_of_halves(x))))
+        a, b = gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]).split()
+        x = gl.maximum(a, b)
+    return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, layout))
 
 
 @gluon.jit
@@ -249,16 +280,17 @@ def _reordered(p, o_layout: gl.constexpr):
     return gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))
 
 
-@gluon.constexpr_function
-def _narrowing(groups, int_qk):
-    """How an 8-bit P crosses the loop (``_carried``): 0 as fp32 (two warpgroups, 240 registers each); at
-    three (160 registers, where fp32 P spilled) 2 for FP8 (packed bytes) and 1 for INT8 (float16). On the
-    H200 at LTX's 32 x 27588 x 64 (benchmarks/results/2026-12-03-h200-s7, call f, two rounds): FP8 packed
-    9.94-9.99 ms against 10.13-10.17 as float16; INT8 packed 12.05-12.13 against 11.03-11.05, so INT8
-    keeps float16 (why it loses is not measured)."""
-    if groups != 3:
+def default_narrowing(groups: int, qk: str) -> int:
+    """How an 8-bit P crosses the loop (``_carried``) unless the call says: 0 as fp32 (two warpgroups, 240
+    registers each), 2 (packed FP8 bytes) at three (160 registers, where fp32 P spilled). On the H200 at
+    LTX's 32 x 27588 x 64, two rounds: FP8 packed 9.94-9.99 ms against 10.13-10.17 as float16 (1)
+    (benchmarks/results/2026-12-03-h200-s7, call f); INT8, with the row sums on the tensor cores, 10.33-10.34
+    against 10.54-10.56, cosine 0.99924 both (results 2026-12-03-h200-s10, call a; without them, in s7, it had
+    lost, 12.05-12.13 against 11.03-11.05). At head dim 128 packing lengthens the step (FP8: 477 SASS
+    instructions against 462, 426 against 413 with the row sums on the tensor cores), so two warpgroups keep 0."""
+    if groups != 3 or qk == "plain":
         return 0
-    return 1 if int_qk else 2
+    return 2
 
 
 @gluon.jit
@@ -266,7 +298,7 @@ def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.const
     """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
     of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
     one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
-    per step in the SASS). ``NARROW`` (``_narrowing``) 1: P as float16, cast to FP8 by pairs at the next
+    per step in the SASS). ``NARROW`` (``default_narrowing``) 1: P as float16, cast to FP8 by pairs at the next
     step. 2: the FP8 operand's bytes already converted, four to a register, carried as the first of each
     pair of float16 registers that an asm over four values gives back (the second holds nothing and is
     dead); the next step only renames them (``_operand``): one conversion per pair of values where 1
@@ -313,14 +345,15 @@ def _sum_product(pv, ones_smem, lacc):
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
                  MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
-                 TC_SUM: gl.constexpr):
+                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr):
     """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V (and P·1, ``TC_SUM``), each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
+                                       TREE_MAX)
     acc = _rescaled(acc, alpha)
     pv = _as_operand(p, v_bufs.dtype, o_layout)
     acc = warpgroup_mma(pv, _v_operand(v_bufs, st, V_T), acc, is_async=True)
@@ -340,7 +373,8 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
-                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr, lacc, ones_smem, TC_SUM: gl.constexpr):
+                     GROUPS: gl.constexpr, sums, PIN: gl.constexpr, lacc, ones_smem, TC_SUM: gl.constexpr,
+                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -359,7 +393,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     prev = (i - 1) % STAGES
-    pd = _operand(carried, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK))
+    pd = _operand(carried, v_bufs.dtype, o_layout, NARROW)
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
@@ -377,7 +411,8 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         s = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok,))
     else:
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM)
+    p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
+                                       TREE_MAX)
     if PIN:
         sums.store(l_i)
     if TC_SUM:
@@ -391,14 +426,15 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         acc = _rescaled(acc, alpha)
         if TC_SUM:
             lacc = _rescaled(lacc, alpha)
-    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, _narrowing(GROUPS, INT_QK)), alpha, m_i,
+    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, NARROW), alpha, m_i,
             l_i, j_next, ks_next, j_after)
 
 
 @gluon.jit
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr):
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
+             NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -448,37 +484,37 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                 ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
-                TC_SUM)
+                TC_SUM, TREE_MAX)
         if count > 0:
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
                 KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, lacc,
-                ones_smem, TC_SUM)
+                ones_smem, TC_SUM, TREE_MAX)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
-                                           not TC_SUM)
-        carried = _carried(p, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
+                                           not TC_SUM, TREE_MAX)
+        carried = _carried(p, pv_dtype, o_layout, NARROW)
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
         if count > 1:
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = _rescaled(acc, alpha)
             if TC_SUM:
                 lacc = _rescaled(lacc, alpha)
-        pv = _operand(carried, pv_dtype, o_layout, _narrowing(GROUPS, INT_QK))
+        pv = _operand(carried, pv_dtype, o_layout, NARROW)
         acc = warpgroup_mma(pv, _v_operand(v_bufs, last, V_T), acc, is_async=True)
         if TC_SUM:
             lstep = _sum_product(pv, ones_smem, lacc)
@@ -505,7 +541,8 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
-                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr):
+                        SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
+                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -559,15 +596,20 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     if GROUPS == 3:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
-            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
-            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
-            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
         ], [4, 4], [240, 240])
 
 
@@ -654,10 +696,14 @@ class Launch:
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
-                pin: bool | None = None, tc_sum: bool | None = None) -> Launch:
+                pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
+                tree_max: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
-    exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``)."""
+    exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
+    ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
+    loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
+    (``TREE_MAXED``), the same bits as without."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
@@ -685,8 +731,16 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         pin = where in PINNED and not tc_sum
     if pin and tc_sum:
         raise ValueError("pin stores the softmax's row sums, which tc_sum leaves to the tensor cores")
-    ones = torch.ones(8, ROWS_K, dtype=v_desc.base.dtype, device=q.device)  # read only with tc_sum
-    ones_desc = _descriptor(ones, [8, ROWS_K])
+    if tree_max is None:
+        tree_max = where in TREE_MAXED
+    if narrow is None:
+        narrow = default_narrowing(groups, qk)
+    if narrow not in (0, 1, 2):
+        raise ValueError(f"narrow must be 0, 1 or 2, not {narrow!r}")
+    if tc_sum:  # the tile of ones P is multiplied by; otherwise V's descriptor stands in, never read
+        ones_desc = _descriptor(torch.ones(8, ROWS_K, dtype=v_desc.base.dtype, device=q.device), [8, ROWS_K])
+    else:
+        ones_desc = v_desc
     if sparse:
         lists = (kv_index, kv_count, kv_index.shape[3])
     else:
@@ -696,7 +750,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
-                 TC_SUM=tc_sum)
+                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max))
     return Launch((n_m, B * H), args, flags)
 
 
@@ -705,7 +759,8 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None, pin: bool | None = None,
-                     tc_sum: bool | None = None) -> torch.Tensor:
+                     tc_sum: bool | None = None, narrow: int | None = None,
+                     tree_max: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -740,6 +795,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                                               permute_v=True)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
-    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum)
+    launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
+                         narrow, tree_max)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -7,7 +7,7 @@ products against the exp2s in each overlapped schedule's loop. Run it in a proce
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum]
+    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class CompileReport:
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
-                tc_sum: bool | None = None) -> ha.Launch:
+                tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
@@ -61,17 +61,19 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
-    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum)
+    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
+                          narrow=narrow, tree_max=tree_max)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
-             pin: bool | None = None, tc_sum: bool | None = None):
+             pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
+             tree_max: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum)  # PIN and TC_SUM as ``plan_launch`` decides them
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max)  # flags as ``plan_launch`` decides them
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -97,12 +99,16 @@ def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
     return info, cubin
 
 
+def _spills(info: str) -> int:
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
+
+
 def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> CompileReport:
     compiled, _ = _compile(qk, head_dim, sparse, groups=groups)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
-    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
+    spills = _spills(info)
     registers = max(int(n) for n in re.findall(r"Used (\d+) registers", info))
     return CompileReport(qk, head_dim, sparse, groups, compiled.metadata.shared, registers, spills,
                          ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"),
@@ -122,21 +128,26 @@ class LoopShape:
     sparse: bool
     pin: bool  # the exp2s pinned above the P·V wait (``_overlapped_step``)
     tc_sum: bool  # P's row sums from the tensor cores (``_consume``)
+    narrow: int  # how an 8-bit P crosses the loop (``hopper_attention.default_narrowing``)
+    tree_max: bool  # each row's max as a tree of pairwise maxima (``hopper_attention._row_max``)
+    spill_bytes: int
     instructions: int
+    max_chain: int  # the longest chain of dependent maxima (FMNMX) in the step
     waits: tuple[tuple[int, int], ...]  # (position, groups left in flight)
     first_exp2: int
     last_exp2: int
 
 
 def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
-               sparse: bool = False, tc_sum: bool | None = None) -> LoopShape:
+               sparse: bool = False, tc_sum: bool | None = None, narrow: int | None = None,
+               tree_max: bool | None = None) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum=tc_sum)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max)
     with tempfile.TemporaryDirectory() as tmp:
-        _, cubin = _assemble(compiled.asm["ptx"], tmp)
+        info, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
                               check=True).stdout
     body = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line).split(";")[0] for line in sass.splitlines()
@@ -146,8 +157,26 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
     waits = tuple((i, int(m.group(1), 16)) for i, ins in enumerate(step)
                   for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
-    return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], len(step), waits, exp2[0],
+    return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], flags["NARROW"],
+                     flags["TREE_MAX"], _spills(info), len(step), _longest_chain(step, "FMNMX"), waits, exp2[0],
                      exp2[-1])
+
+
+def _longest_chain(step: list[str], opcode: str) -> int:
+    """The most ``opcode`` instructions in a row that each read the one before (through registers; any
+    other instruction writing a register ends the chain there)."""
+    depth: dict[str, int] = {}
+    longest = 0
+    for ins in step:
+        regs = re.findall(r"\bR\d+\b", ins.split(" ", 1)[-1]) if not ins.startswith("@") else []
+        if not regs:
+            continue
+        if ins.split()[0].split(".")[0] == opcode:
+            depth[regs[0]] = 1 + max((depth.get(r, 0) for r in regs[1:]), default=0)
+            longest = max(longest, depth[regs[0]])
+        else:
+            depth[regs[0]] = 0
+    return longest
 
 
 def main() -> None:
@@ -160,6 +189,10 @@ def main() -> None:
     if sys.argv[1:] == ["--tc-sum"]:  # P's row sums from the softmax's adds or the tensor cores, in two modes' steps
         shapes = [loop_shape(qk, d, 3, groups, tc_sum=tc_sum) for qk, d, groups in (("fp8", 64, 3), ("plain", 128, 2))
                   for tc_sum in (False, True)]
+        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
+        return
+    if sys.argv[1:] == ["--tree-max"]:  # each row's max as the compiler's chain or a tree, where each is the default
+        shapes = [loop_shape(qk, 64, 3, 3, tree_max=tree) for qk in ("plain", "fp8") for tree in (False, True)]
         print(json.dumps([dataclasses.asdict(r) for r in shapes]))
         return
     if sys.argv[1:] == ["--pin"]:  # plain over 192-row lists (pinned by default), with and without the pin
