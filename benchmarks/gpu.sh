@@ -28,6 +28,8 @@
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the issue's densities
 #   bash benchmarks/gpu.sh s8-wan        (carry .whl, after prep and join)  install; the sparse stage at Wan-14B
+#   bash benchmarks/gpu.sh s10-persist   (carry .whl)          no fa4: persistent programs against one per tile and the
+#                                        kernel before (smoke run, then A/B)
 #   bash benchmarks/gpu.sh s10-prep      (carry .big/a)        keep the first half; Hopper tests of this session's options
 #   bash benchmarks/gpu.sh s10-final     (carry .whl, after s10-prep and join)  install; every mode against cuDNN and
 #                                        fa4, lists at LTX; the forms' GPU tests
@@ -117,6 +119,39 @@ s8-table)  # carry .whl after prep and join
     python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
     timeout 400 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
+    ;;
+s10-persist)  # carry .whl (no fa4): persistent programs (one per multiprocessor, tiles in turn) against one program
+    # per tile and against the kernel before this change (commit 6ba2e7c, written to
+    # benchmarks/experiments/hopper_attention_before.py, untracked): a smoke run under a timeout, then A/B
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 - <<'PY' 2>&1 | grep -v "aux_data\|exe_args" | tail -20 || exit 4
+import torch
+from ditgate.kernels.hopper_attention import hopper_attention
+g = torch.Generator(device="cuda").manual_seed(3)
+for qk in ("plain", "fp8", "int8"):
+    for (H, HK, S, SK, D, groups) in ((4, 4, 1000, 1000, 64, 3), (4, 2, 300, 77, 64, 2), (40, 40, 2000, 2000, 128, 2)):
+        q = torch.randn(1, S, H, D, device="cuda", generator=g).bfloat16().transpose(1, 2)
+        k, v = (torch.randn(1, SK, HK, D, device="cuda", generator=g).bfloat16().transpose(1, 2) for _ in range(2))
+        for schedule in (0, 3):
+            a = hopper_attention(q, k, v, qk=qk, groups=groups, schedule=schedule)
+            b = hopper_attention(q, k, v, qk=qk, groups=groups, schedule=schedule, persistent=True)
+            torch.cuda.synchronize()
+            print(qk, H, S, SK, D, groups, schedule, "same bits" if torch.equal(a, b) else f"DIFFERENT {(a.float() - b.float()).abs().max().item()}", flush=True)
+    n_m, n = -(-1000 // 192), -(-1000 // 128)
+    q = torch.randn(1, 1000, 4, 64, device="cuda", generator=g).bfloat16().transpose(1, 2)
+    keep = torch.rand(1, 4, n_m, n, device="cuda", generator=g) < 0.5
+    keep[0, 1, 2] = False
+    cnt = keep.sum(-1).to(torch.int32)
+    idx = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    a = hopper_attention(q, q, q, qk=qk, groups=3, kv_index=idx, kv_count=cnt)
+    b = hopper_attention(q, q, q, qk=qk, groups=3, kv_index=idx, kv_count=cnt, persistent=True)
+    torch.cuda.synchronize()
+    print(qk, "lists", "same bits" if torch.equal(a, b) else "DIFFERENT", flush=True)
+PY
+    timeout 420 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 plain --list-lengths 16 65 216 \
+        --variants default persistent=1 before --before benchmarks/experiments/hopper_attention_before.py 2>&1 \
+        | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -50
     ;;
 s10-prep)  # carry .big/a: keep the first half of the cutlass wheel; the Hopper tests of this session's options
     cp .big/a/cu13.partaa /tmp/

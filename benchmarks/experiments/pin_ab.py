@@ -11,13 +11,17 @@ random ascending lists of L key blocks per row, pinned and not, to see how time 
         [--variants pin=0 pin=1 | soft_exp2=0 soft_exp2=8 ...]
 
 ``--variants``: the launch flags compared (``hopper_attention`` keywords, integers; by default the pin off
-and on). Call a of results 2026-12-03-h200-s8 ran the default; calls e and f compared ``soft_exp2`` (an option
+and on); ``default`` is the launch as ditgate's forms make it, ``before`` the same from the module file
+``--before`` names (an earlier commit's kernel, written beside this file and not kept in the tree:
+``git show COMMIT:ditgate/kernels/hopper_attention.py | sed 's/^from .quant_attention/from
+ditgate.kernels.quant_attention/' > benchmarks/experiments/hopper_attention_before.py``). Call a of results 2026-12-03-h200-s8 ran the default; calls e and f compared ``soft_exp2`` (an option
 of commit 02611ce, since removed) and ``schedule``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -74,15 +78,26 @@ def main() -> None:
     ap.add_argument("--schedules", nargs="+", type=int, default=[3])
     ap.add_argument("--list-lengths", nargs="*", type=int, default=[16, 65, 108, 216])
     ap.add_argument("--variants", nargs="+", default=["pin=0", "pin=1"],
-                    help="hopper_attention keywords per variant, name=integer[,name=integer], or default")
+                    help="hopper_attention keywords per variant, name=integer[,name=integer], default or before")
+    ap.add_argument("--before", help="a module file with an earlier hopper_attention, for the variant 'before'")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    variants = [{} if spec == "default" else {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
+    variants = [{} if spec == "default" else {"before": 1} if spec == "before" else
+                {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
                 for spec in args.variants]  # "default": the launch as ditgate's forms make it
+    kernels = {0: hopper_attention}
+    if args.before:
+        spec = importlib.util.spec_from_file_location("hopper_attention_before", args.before)
+        kernels[1] = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(kernels[1])
+        kernels[1] = kernels[1].hopper_attention
+
+    def attend(*tensors, before=0, **call):
+        return kernels[before](*tensors, **call)
     for flags in variants:
-        for name in ("pin", "tc_sum", "tree_max"):
+        for name in ("pin", "tc_sum", "tree_max", "persistent"):
             if name in flags:
                 flags[name] = bool(flags[name])
 
@@ -110,10 +125,10 @@ def main() -> None:
                     call = {**dict(qk=qk, schedule=sched, groups=groups), **flags}  # a variant may set groups
                     cos = same = None
                     if rnd == 0:
-                        out = hopper_attention(cq, ck, cv, **call)
+                        out = attend(cq, ck, cv, **call)
                         cos = cosine(out, ref)
                         same = torch.equal(out, first.setdefault(sched, out))  # bits of the first variant's output
-                    ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=25, rep=200)
+                    ms = triton.testing.do_bench(lambda: attend(q, k, v, **call), warmup=25, rep=200)
                     record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, **flags, round=rnd, ms=ms,
                                 tflops=flops / ms * 1e-9, cosine=cos, same_bits=same))
         if shape != "ltx" or not args.list_lengths:
@@ -125,9 +140,9 @@ def main() -> None:
                 first = None
                 for flags in variants:
                     call = {**dict(qk=qk, groups=groups, kv_index=idx, kv_count=cnt), **flags}
-                    out = hopper_attention(q, k, v, **call)
+                    out = attend(q, k, v, **call)
                     first = out.clone() if first is None else first
-                    ms = triton.testing.do_bench(lambda: hopper_attention(q, k, v, **call), warmup=10, rep=100)
+                    ms = triton.testing.do_bench(lambda: attend(q, k, v, **call), warmup=10, rep=100)
                     record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, **flags,
                                 ms=ms, same_bits=torch.equal(out, first)))
     names = sorted({name for flags in variants for name in flags})
