@@ -28,8 +28,8 @@
 #   bash benchmarks/gpu.sh s8-table      (carry .whl, after prep and join)  install; exp2s on the FMA units (tests,
 #                                        A/B); the kernels against cuDNN and fa4 at both shapes, lists at the issue's densities
 #   bash benchmarks/gpu.sh s8-wan        (carry .whl, after prep and join)  install; the sparse stage at Wan-14B
-#   bash benchmarks/gpu.sh s10-persist   (carry .whl)          no fa4: persistent programs against one per tile and the
-#                                        kernel before (smoke run, then A/B)
+#   bash benchmarks/gpu.sh s10-persist   (carry .whl, at b973516)  no fa4: persistent programs against one per tile and
+#                                        the kernel before (smoke run, then A/B)
 #   bash benchmarks/gpu.sh s10-prep      (carry .big/a)        keep the first half; Hopper tests of this session's options
 #   bash benchmarks/gpu.sh s10-final     (carry .whl, after s10-prep and join)  install; every mode against cuDNN and
 #                                        fa4, lists at LTX; the forms' GPU tests
@@ -120,8 +120,9 @@ s8-table)  # carry .whl after prep and join
     timeout 400 python3 benchmarks/hopper_kernel.py --out "$OUT" --schedules 3 --no-triton 2>&1 | tee "$OUT/hopper-kernel.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -30
     ;;
-s10-persist)  # carry .whl (no fa4): persistent programs (one per multiprocessor, tiles in turn) against one program
-    # per tile and against the kernel before this change (commit 6ba2e7c, written to
+s10-persist)  # carry .whl (no fa4), at commit b973516 (the persistent option was removed after it lost): persistent
+    # programs (one per multiprocessor, tiles in turn) against one program per tile and against the kernel before
+    # this change (commit 6ba2e7c, written to
     # benchmarks/experiments/hopper_attention_before.py, untracked): a smoke run under a timeout, then A/B
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

@@ -57,6 +57,13 @@ DEFAULT_SCHEDULE = {"plain": 3, "fp8": 3, "int8": 3}
 # 11.76-12.05, INT8 11.36-11.70 against 13.72-13.76. At head dim 128 three spill and lose (h: FP8 27.37 against
 # 26.76 ms at Wan-14B, plain 75.1 against 33.2)
 DEFAULT_GROUPS = {64: 3, 128: 2}
+# One program per tile (query block, batch · head). Persistent programs (one per multiprocessor taking the tiles in
+# turn, the next tile's first keys and values loading while the last finishes; commit b973516, removed after it)
+# gave the same bits and lost in one run (benchmarks/results/2026-12-03-h200-s10, call c, two rounds): LTX FP8
+# 9.76-9.77 ms against 9.55-9.61, INT8 11.25-11.28 against 10.62-10.63, plain 12.38-12.94 against 12.00; Wan-14B
+# FP8 27.38-27.86 against 27.46-27.48; LTX lists of 16 blocks 1.255 against 1.267 (FP8), 65 blocks 3.599
+# against 3.559. Its restructuring alone (one tile function called once) had cost INT8 at LTX 10.62-10.63
+# against 10.33-10.35 and FP8 lists of 216 blocks 10.57 against 10.07 in that run, so none of it was kept
 # (mode, head dim, query rows per block of the block lists or None for dense calls) where this schedule
 # measured faster than the Triton one in the same runs, so ditgate's forms run it there. Dense: plain 34.7 / 13.9
 # ms against 44.4 / 14.5 (Wan-14B / LTX); FP8 27.3 against 27.5 and 27.6 against 27.7 at Wan in two runs; INT8
@@ -112,32 +119,13 @@ def _mma_layout(bits, n):
 
 
 @gluon.jit
-def _tile_of(t, n_m, H, H_KV, KV_INDEX, KV_COUNT, max_list, n_n, SPARSE: gl.constexpr):
-    """Tile t's query block, batch, head and key/value head, and its key blocks: how many, and where
-    their list starts. Tiles go query block first, then batch · head (the order of a grid of one
-    program per tile)."""
-    pid_m = t % n_m
-    bh = t // n_m
-    b = bh // H
-    h = bh % H
-    hk = h // (H // H_KV)
-    if SPARSE:
-        count = gl.load(KV_COUNT + bh * n_m + pid_m)
-        row = KV_INDEX + (bh * n_m + pid_m) * max_list
-    else:
-        count = n_n
-        row = KV_INDEX
-    return pid_m, bh, b, h, hk, count, row
-
-
-@gluon.jit
-def _load_q(loads, tile_i, q_row, q_col, GROUPS: gl.constexpr, TC_SUM: gl.constexpr, PERSISTENT: gl.constexpr):
-    """A tile's Q (64 rows per consumer warpgroup) and, where the row sums are the tensor cores'
-    (``TC_SUM``), the tile of ones they multiply P by, onto ``q_ready``. Persistent: once every consumer
-    is done with the last tile's Q (``q_empty``; a fresh barrier passes phase 1)."""
-    (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, q_empty, kv_ready, kv_empty) = loads
-    if PERSISTENT:
-        mbarrier.wait(q_empty, (tile_i & 1) ^ 1)
+def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr, GROUPS: gl.constexpr,
+             TC_SUM: gl.constexpr):
+    """The load partition: Q once (64 rows per consumer warpgroup) and, where the row sums are the tensor
+    cores' (``TC_SUM``), the tile of ones they multiply P by; then each listed key block's K and V into
+    the next free stage."""
+    (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row, count,
+     q_row, q_col, k_row, k_col, v_row, v_col) = loads
     if TC_SUM:
         mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS + ones_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], q_ready, ones_smem)
@@ -145,61 +133,21 @@ def _load_q(loads, tile_i, q_row, q_col, GROUPS: gl.constexpr, TC_SUM: gl.conste
         mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS)
     for g in gl.static_range(GROUPS):
         tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
-
-
-@gluon.jit
-def _produce_tile(loads, tiles, t, tile_i, base, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr,
-                  GROUPS: gl.constexpr, TC_SUM: gl.constexpr, PERSISTENT: gl.constexpr):
-    """One tile's loads: Q, then each listed key block's K and V into the next free stage of the ring
-    (``base``: the blocks this program loaded before this tile). Persistent, after the first tile, Q comes
-    after the first ring's worth of K and V: those stages free up while the consumers still work on the
-    last tile, and Q's slots only once they are done with it."""
-    (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, q_empty, kv_ready, kv_empty) = loads
-    (KV_INDEX, KV_COUNT, n_m, n_n, max_list, H, H_KV, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch) = tiles
-    pid_m, bh, b, h, hk, count, row = _tile_of(t, n_m, H, H_KV, KV_INDEX, KV_COUNT, max_list, n_n, SPARSE)
-    q_row = b * q_rb + h * q_rh + pid_m * HALF * GROUPS
-    k_row = b * k_rb + hk * k_rh
-    v_row = b * v_rb + hk * v_rh
-    q_at = gl.minimum(count, STAGES) - 1  # the block after whose loads Q goes (persistent, after the first tile)
-    if tile_i == 0:
-        q_at = -1
-    if q_at < 0:
-        _load_q(loads, tile_i, q_row, h * q_ch, GROUPS, TC_SUM, PERSISTENT)
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     for i in range(count):
         if SPARSE:
             j = gl.load(row + i)
         else:
             j = i
-        n = base + i
-        st = n % STAGES
-        mbarrier.wait(kv_empty.index(st), ((n // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+        st = i % STAGES
+        mbarrier.wait(kv_empty.index(st), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
         bar = kv_ready.index(st)
         mbarrier.expect(bar, nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_K, hk * k_ch], bar, k_bufs.index(st))
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_K, k_col], bar, k_bufs.index(st))
         if V_T:
-            tma.async_copy_global_to_shared(v_desc, [v_row, hk * v_ch + j * BLOCK_K], bar, v_bufs.index(st))
+            tma.async_copy_global_to_shared(v_desc, [v_row, v_col + j * BLOCK_K], bar, v_bufs.index(st))
         else:
-            tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_K, hk * v_ch], bar, v_bufs.index(st))
-        if PERSISTENT:
-            if i == q_at:
-                _load_q(loads, tile_i, q_row, h * q_ch, GROUPS, TC_SUM, PERSISTENT)
-    return count
-
-
-@gluon.jit
-def _produce(loads, tiles, n_tiles, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexpr,
-             GROUPS: gl.constexpr, TC_SUM: gl.constexpr, PERSISTENT: gl.constexpr):
-    """The load partition: every tile of this program (``_produce_tile``)."""
-    if PERSISTENT:
-        base = 0
-        tile_i = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            base += _produce_tile(loads, tiles, t, tile_i, base, STAGES, SPARSE, V_T, GROUPS, TC_SUM, PERSISTENT)
-            tile_i += 1
-    else:
-        _produce_tile(loads, tiles, gl.program_id(0) + gl.program_id(1) * tiles[2], 0, 0, STAGES, SPARSE, V_T,
-                      GROUPS, TC_SUM, PERSISTENT)
+            tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_K, v_col], bar, v_bufs.index(st))
 
 
 @gluon.jit
@@ -401,15 +349,14 @@ def _sum_product(pv, ones_smem, lacc):
 
 
 @gluon.jit
-def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, base, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
+def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
                  MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
                  TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr):
-    """Schedule 0's block i (index j, K scale ksc; stage of the ring ``base + i``): Q·Kᵀ, softmax, P·V (and P·1,
-    ``TC_SUM``), each waited for."""
+    """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V (and P·1, ``TC_SUM``), each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
-    st = (base + i) % STAGES
-    mbarrier.wait(kv_ready.index(st), ((base + i) // STAGES) & 1)
+    st = i % STAGES
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
@@ -429,8 +376,7 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, base, count
 
 
 @gluon.jit
-def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, base, count, j, ksc, j_next, acc,
-                     carried,
+def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried,
                      alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, PART: gl.constexpr,
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
@@ -452,10 +398,10 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, b
     at 228-424; pinned, the wait at 431, the exp2s at 193-415; the same in every mode, and at three
     warpgroups)."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
-    st = (base + i) % STAGES  # the ring's stage of block i, and of block i - 1 below
-    prev = (base + i - 1) % STAGES
+    st = i % STAGES
+    prev = (i - 1) % STAGES
     pd = _operand(carried, v_bufs.dtype, o_layout, NARROW)
-    mbarrier.wait(kv_ready.index(st), ((base + i) // STAGES) & 1)
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
     s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -492,13 +438,12 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, b
 
 
 @gluon.jit
-def _consume_tile(shared, tiles, t, tile_i, base, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                  SPARSE: gl.constexpr, EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  V_T: gl.constexpr, SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr,
-                  TC_SUM: gl.constexpr, NARROW: gl.constexpr, TREE_MAX: gl.constexpr, PERSISTENT: gl.constexpr):
-    """A math partition's tile t: 64 query rows against every listed key block, then the normalized store.
-    ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``); ``tile_i``: the tiles this
-    program did before (Q's barrier phase), ``base``: their key blocks (the ring's position).
+def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
+             EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
+             SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
+             NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
+    """A math partition: 64 query rows against every listed key block, then the normalized store.
+    ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
     SCHEDULE 0: per block, Q·Kᵀ, softmax, P·V, each waited for (``_serial_step``). 1: FlashAttention-3's
     intra-warpgroup overlap (``_overlapped_step``). 2: as 1, with the two warpgroups taking turns to issue
@@ -513,9 +458,8 @@ def _consume_tile(shared, tiles, t, tile_i, base, PART: gl.constexpr, D: gl.cons
     lost precision (on the H200 the cosine fell from 0.99849 to 0.99808 in FP8 mode and from 0.99921 to
     0.99880 in INT8 mode at LTX's shape; Hopper's FP8 products keep about 14 bits of their sums, as
     DeepSeek-V3's report measured)."""
-    (q_smem, k_bufs, v_bufs, q_ready, q_empty, kv_ready, kv_empty, turn, O, QS, KS, VS, c_plain, sob, soh, sos, sod,
-     S_Q, S_K, n_qs, sums_smem, ones_smem) = shared
-    (KV_INDEX, KV_COUNT, n_m, n_n, max_list, H, H_KV, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch) = tiles
+    (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base, sos, sod,
+     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums_smem, ones_smem) = shared
     sums = sums_smem.index(PART)
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
@@ -526,11 +470,6 @@ def _consume_tile(shared, tiles, t, tile_i, base, PART: gl.constexpr, D: gl.cons
     else:
         s_zero = gl.zeros([HALF, BLOCK_K], gl.float32, s_layout)
     q_part = q_smem.index(PART)
-    pid_m, bh, b, h, hk, count, row = _tile_of(t, n_m, H, H_KV, KV_INDEX, KV_COUNT, max_list, n_n, SPARSE)
-    q_start = pid_m * HALF * GROUPS
-    qs_index = bh * n_qs + pid_m * GROUPS  # the Q scales are per 64 rows, n_qs of them per head
-    qs_left = n_qs - pid_m * GROUPS
-    ks_base = (b * H_KV + hk) * n_n
     if QUANT:
         c_q = gl.load(QS + qs_index + PART, mask=PART < qs_left, other=1.0)  # one Q scale per warpgroup's 64 rows
     else:
@@ -546,22 +485,22 @@ def _consume_tile(shared, tiles, t, tile_i, base, PART: gl.constexpr, D: gl.cons
     else:
         ksc = 1.0
     j_next = _block_index(row, gl.maximum(gl.minimum(1, count - 1), 0), SPARSE)
-    mbarrier.wait(q_ready, tile_i & 1)
+    mbarrier.wait(q_ready, 0)
     if SCHEDULE == 0:
         for i in range(count - 1):
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
-                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, base, count, j, ksc, j_next, acc, m_i, l_i, c_q,
-                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
+                ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
                 TC_SUM, TREE_MAX)
         if count > 0:
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
-                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, base, count, j, ksc, j_next, acc, m_i,
-                l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T,
-                lacc, ones_smem, TC_SUM, TREE_MAX)
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
+                KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, lacc,
+                ones_smem, TC_SUM, TREE_MAX)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
-        mbarrier.wait(kv_ready.index(base % STAGES), (base // STAGES) & 1)
-        s = warpgroup_mma(q_part, k_bufs.index(base % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(kv_ready.index(0), 0)
+        s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
                                            not TC_SUM, TREE_MAX)
@@ -569,16 +508,15 @@ def _consume_tile(shared, tiles, t, tile_i, base, PART: gl.constexpr, D: gl.cons
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
-                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, base, count, j, ksc, j_next, acc, carried,
-                alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK,
-                V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
+                m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
         if count > 1:
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
-                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, base, count, j, ksc, j_next, acc,
-                carried, alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K,
-                QUANT, INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW,
-                TREE_MAX)
-        last = (base + count - 1) % STAGES
+                q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
+                alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
+        last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = _rescaled(acc, alpha)
             if TC_SUM:
@@ -592,52 +530,35 @@ def _consume_tile(shared, tiles, t, tile_i, base, PART: gl.constexpr, D: gl.cons
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_empty.index(last), count=1)
-    if PERSISTENT:
-        mbarrier.arrive(q_empty, count=1)  # every product that reads Q is done: the next tile's may come
     if TC_SUM:
         l_i = gl.convert_layout(gl.max(lacc, axis=1), gl.SliceLayout(1, s_layout))  # every column holds the sum
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     if QUANT:
-        out = out * gl.load(VS + (b * H_KV + hk) * D + offs_d)[None, :]  # acc and l_i both carry P's scale
+        out = out * gl.load(VS + vs_base + offs_d)[None, :]  # acc and l_i both carry P's scale
     rows = q_start + PART * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
-    ptrs = O + b * sob + h * soh + rows[:, None] * sos + offs_d[None, :] * sod
+    ptrs = O + o_base + rows[:, None] * sos + offs_d[None, :] * sod
     gl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < S_Q)[:, None])
-    return count
-
-
-
-
-@gluon.jit
-def _consume(shared, tiles, n_tiles, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-             SPARSE: gl.constexpr, EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-             V_T: gl.constexpr, SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr,
-             TC_SUM: gl.constexpr, NARROW: gl.constexpr, TREE_MAX: gl.constexpr, PERSISTENT: gl.constexpr):
-    """A math partition: every tile of this program (``_consume_tile``)."""
-    if PERSISTENT:
-        base = 0
-        tile_i = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            base += _consume_tile(shared, tiles, t, tile_i, base, PART, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK,
-                                  V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)
-            tile_i += 1
-    else:
-        _consume_tile(shared, tiles, gl.program_id(0) + gl.program_id(1) * tiles[2], 0, 0, PART, D, STAGES, SPARSE,
-                      EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)
 
 
 @gluon.jit
 def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_INDEX, KV_COUNT, sob, soh, sos, sod,
                         q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
-                        H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain, n_tiles,
+                        H, H_KV, S_Q, S_K, n_m, n_n, n_qs, max_list, c_plain,
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr, PERSISTENT: gl.constexpr):
-    # A tile is a (64·GROUPS-row query block, batch · head); one program per tile, or (PERSISTENT) one per
-    # multiprocessor taking every tile that is its index modulo the programs. A descriptor row is b·rb + h·rh + s,
-    # its first column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
+                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
+    # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
+    # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // (H // H_KV)
+    bhk = b * H_KV + hk
+    q_start = pid_m * HALF * GROUPS
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [_q_slots(GROUPS), HALF, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_K, D], k_desc.layout)
     if V_T:
@@ -645,7 +566,6 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     else:
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_K, D], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # PERSISTENT
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
@@ -655,35 +575,48 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     else:
         ones_smem = sums  # not read
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=GROUPS)  # every consumer lets go of Q
     for g in gl.static_range(GROUPS):
         mbarrier.init(turn.index(g), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=GROUPS)  # every consumer releases a stage
+    if SPARSE:
+        count = gl.load(KV_COUNT + bh * n_m + pid_m)
+        row = KV_INDEX + (bh * n_m + pid_m) * max_list
+    else:
+        count = n_n
+        row = KV_INDEX
     if SCHEDULE % 2 == 0 and SCHEDULE > 0:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
-    loads = (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, q_empty, kv_ready, kv_empty)
-    tiles = (KV_INDEX, KV_COUNT, n_m, n_n, max_list, H, H_KV, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
-    shared = (q_smem, k_bufs, v_bufs, q_ready, q_empty, kv_ready, kv_empty, turn, O, QS, KS, VS, c_plain, sob, soh, sos,
-              sod, S_Q, S_K, n_qs, sums, ones_smem)
+    o_base = b * sob + h * soh
+    qs_index = bh * n_qs + pid_m * GROUPS  # the Q scales are per 64 rows, n_qs of them per head
+    qs_left = n_qs - pid_m * GROUPS
+    ks_base = bhk * n_n
+    vs_base = bhk * D
+    q_row = b * q_rb + h * q_rh + q_start
+    k_row = b * k_rb + hk * k_rh
+    v_row = b * v_rb + hk * v_rh
+    produce = (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row,
+               count, q_row, h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
+    shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base,
+              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums, ones_smem)
     if GROUPS == 3:
         gl.warp_specialize([
-            (_produce, (loads, tiles, n_tiles, STAGES, SPARSE, V_T, GROUPS, TC_SUM, PERSISTENT)),
-            (_consume, (shared, tiles, n_tiles, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS,
-                        PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)),
-            (_consume, (shared, tiles, n_tiles, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS,
-                        PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)),
-            (_consume, (shared, tiles, n_tiles, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS,
-                        PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)),
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
+            (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
-            (_produce, (loads, tiles, n_tiles, STAGES, SPARSE, V_T, GROUPS, TC_SUM, PERSISTENT)),
-            (_consume, (shared, tiles, n_tiles, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS,
-                        PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)),
-            (_consume, (shared, tiles, n_tiles, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS,
-                        PIN, TC_SUM, NARROW, TREE_MAX, PERSISTENT)),
+            (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
+            (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
+            (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
+                        TREE_MAX)),
         ], [4, 4], [240, 240])
 
 
@@ -771,15 +704,13 @@ class Launch:
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
                 pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-                tree_max: bool | None = None, persistent: bool = False) -> Launch:
+                tree_max: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
     ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
-    (``TREE_MAXED``), the same bits as without; ``persistent``: one program per multiprocessor, each taking
-    tiles in turn (the next tile's first keys and values load while the last one finishes), not with the
-    schedules whose warpgroups take turns (2 and 4)."""
+    (``TREE_MAXED``), the same bits as without."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
@@ -821,19 +752,12 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         lists = (kv_index, kv_count, kv_index.shape[3])
     else:
         lists = (out, out, 0)
-    n_tiles = n_m * B * H
     args = (q_desc, k_desc, v_desc, ones_desc, out, *scales, lists[0], lists[1], *out.stride(), *rows,
-            H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E, n_tiles)
-    schedule = DEFAULT_SCHEDULE[qk] if schedule is None else schedule
-    if persistent and schedule in (2, 4):
-        raise ValueError("persistent programs do not take the schedules with turns (2 and 4)")
+            H, HK, SQ, SK, n_m, n_n, 0 if qz is None else qz.q_scale.shape[1], lists[2], scale * LOG2E)
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
-                 SCHEDULE=schedule, GROUPS=groups, PIN=pin,
-                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), PERSISTENT=bool(persistent))
-    if persistent:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
-        return Launch((min(n_tiles, sms), 1), args, flags)
+                 SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
+                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max))
     return Launch((n_m, B * H), args, flags)
 
 
@@ -843,7 +767,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None, pin: bool | None = None,
                      tc_sum: bool | None = None, narrow: int | None = None,
-                     tree_max: bool | None = None, persistent: bool = False) -> torch.Tensor:
+                     tree_max: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -879,6 +803,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
-                         narrow, tree_max, persistent)
+                         narrow, tree_max)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -46,8 +46,7 @@ class CompileReport:
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
-                tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
-                persistent: bool = False) -> ha.Launch:
+                tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
@@ -63,18 +62,18 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
-                          narrow=narrow, tree_max=tree_max, persistent=persistent)
+                          narrow=narrow, tree_max=tree_max)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-             tree_max: bool | None = None, persistent: bool = False):
+             tree_max: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, persistent)  # flags as ``plan_launch`` decides them
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max)  # flags as ``plan_launch`` decides them
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -141,12 +140,12 @@ class LoopShape:
 
 def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
                sparse: bool = False, tc_sum: bool | None = None, narrow: int | None = None,
-               tree_max: bool | None = None, persistent: bool = False) -> LoopShape:
+               tree_max: bool | None = None) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, persistent)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max)
     with tempfile.TemporaryDirectory() as tmp:
         info, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
