@@ -299,7 +299,8 @@ def test_tensor_core_row_sums_over_lists(qk, groups):
 @pytest.mark.parametrize("schedule", ha.SCHEDULES, ids=[f"schedule{s}" for s in ha.SCHEDULES])
 @pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
 def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, groups):
-    """Lists per program: 128 query rows with two warpgroups, 192 with three (the selector's tall tiles)."""
+    """Lists per program: 128 query rows with two warpgroups, 192 with three (the selector's tall tiles).
+    Every block listed gives dense attention's bits when the two calls sum P's rows the same way."""
     B, H, S, D = 1, 2, 1000, 64
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=7)
@@ -317,9 +318,11 @@ def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, 
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
     assert _rel(out, _reference(q, k, v)) > 0.05  # the selection changed the result
     every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
-    listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n),
-                                 schedule=schedule, groups=groups)
-    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups))
+    for tc_sum in (False, True):  # the defaults differ (``TC_SUMMED``: dense FP8 and INT8 at head dim 64 only)
+        listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n),
+                                     schedule=schedule, groups=groups, tc_sum=tc_sum)
+        dense = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, tc_sum=tc_sum)
+        assert torch.equal(listed, dense), tc_sum
 
 
 @gpu
