@@ -1,7 +1,7 @@
-"""Issue 4's table as a picture, from hopper_kernel.py's JSON (or pin_ab.py's, run with ``--variants default``): per shape, the dense forms' speed-up over
-cuDNN (bars, cosine to the exact output written on each), with the issue's targets drawn as lines (the
-FP8 form at 1.5x cuDNN and at 1.3x flash-attn-4); and the block lists' time as a fraction of their own
-dense time against density, with the bound 1.15 x density.
+"""Issue 4's table as a picture, from hopper_kernel.py's JSON (or pin_ab.py's, run with ``--variants default``):
+per shape, the dense forms' speed-up over cuDNN (bars, cosine to the exact output written on each), with the
+issue's targets drawn as lines (the FP8 form at 1.5x cuDNN and at 1.3x flash-attn-4); and the block lists'
+time as a fraction of their own dense time against density, with the bound 1.15 x density.
 
     python benchmarks/plot_hopper_kernel.py benchmarks/results/2026-12-03-h200-s9/f-table/hopper-kernel.json [OUT.png]
     python benchmarks/plot_hopper_kernel.py benchmarks/results/2026-12-03-h200-s10/e-final/pin-ab.json

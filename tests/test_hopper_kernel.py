@@ -341,7 +341,8 @@ def test_a_tree_of_maxima_changes_no_bit(qk):
     keep[0, 1, 2] = False
     count = keep.sum(-1).to(torch.int32)
     index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
-    outs = [ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, tree_max=tree) for tree in (False, True)]
+    outs = [ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, tree_max=tree)
+            for tree in (False, True)]
     assert torch.equal(*outs)
 
 

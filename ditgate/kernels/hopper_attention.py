@@ -155,13 +155,13 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
                   SUM: gl.constexpr, TREE_MAX: gl.constexpr):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
-    ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) =
-    max(raw) · c). Quantized, exp2 is shifted by log2 of P's FP8 scale so that P lands in [0, 448]
-    (l_i carries the same factor). INT8 products become float by the magic-number add. ``MASK``: this
-    may be the tail block (keys past S_K), masked where ``j`` is the last key block. Only ever the last
-    visited block (the lists ascend), so the loop body stays free of the mask (ptxas turns the branch
-    into selects on every element). Every exp2 is MUFU's: one in 8 (or 4) by a polynomial on the FMA
-    units, as FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
+    ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) = max(raw) · c).
+    Quantized, exp2 is shifted by log2 of P's FP8 scale so that P lands in [0, 448] (l_i carries the same
+    factor). INT8 products become float by the magic-number add. ``MASK``: this may be the tail block (keys past
+    S_K), masked where ``j`` is the last key block. Only ever the last visited block (the lists ascend), so the
+    loop body stays free of the mask (ptxas turns the branch into selects on every element). ``TREE_MAX``: the
+    row max as a tree (``_row_max``). Every exp2 is MUFU's: one in 8 (or 4) by a polynomial on the FMA units, as
+    FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
     benchmarks/results/2026-12-03-h200-s8, call e: plain 12.56-13.05 against 12.24-12.30 ms at LTX, FP8
     10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
     if QUANT:
@@ -515,7 +515,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
-                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
+                INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW,
+                TREE_MAX)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = _rescaled(acc, alpha)

@@ -73,7 +73,7 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max)  # flags as ``plan_launch`` decides them
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max)  # flags as plan_launch decides
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
