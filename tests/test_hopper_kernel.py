@@ -49,16 +49,22 @@ def test_every_variant_compiles_for_hopper_without_spills():
         assert not r["wgmma_serialized"], r  # ptxas keeps the products asynchronous
 
 
+def _loop_shapes(mode: str) -> list[dict]:
+    """``python -m ditgate.kernels.hopper_compile MODE``'s steady-state steps (``LoopShape``), compiled in a
+    child process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile", mode], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_the_pin_keeps_the_exp2s_above_the_pv_wait():
     """Where ptxas puts the wait for P·V in plain mode over 192-row lists (pinned by default, ``PINNED``):
     unpinned, before the first exp2 (ptxas fills a shuffle's latency with it); pinned, after the last, so
     the softmax runs while P·V is on the tensor cores. If ptxas stops hoisting the wait, the first
     assertion says the pin is no longer needed."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile", "--pin"], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    shapes = {shape["pin"]: shape for shape in json.loads(run.stdout.strip().splitlines()[-1])}
+    shapes = {shape["pin"]: shape for shape in _loop_shapes("--pin")}
     last_wait = {pin: max(pos for pos, left in shape["waits"] if left == 0) for pin, shape in shapes.items()}
     assert last_wait[False] < shapes[False]["first_exp2"], shapes[False]
     assert last_wait[True] > shapes[True]["last_exp2"], shapes[True]
@@ -69,11 +75,7 @@ def test_tensor_core_sums_take_the_adds_out_of_the_step():
     """With P's row sums from the tensor cores (``tc_sum``), the steady-state step is shorter by about the
     softmax's adds (62 per thread) less the added product and its bookkeeping, in FP8 at head dim 64
     (where it is on by default) and in plain mode at 128."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile", "--tc-sum"], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    shapes = json.loads(run.stdout.strip().splitlines()[-1])
+    shapes = _loop_shapes("--tc-sum")
     for adds, tensor in zip(shapes[::2], shapes[1::2]):
         assert not adds["tc_sum"] and tensor["tc_sum"] and adds["qk"] == tensor["qk"]
         assert adds["instructions"] - tensor["instructions"] >= 35, (adds, tensor)
@@ -83,11 +85,7 @@ def test_a_tree_of_maxima_shortens_the_chain_before_the_exp2s():
     """Each row's max as a tree (``tree_max``, on by default for plain mode at head dim 64, ``TREE_MAXED``):
     the longest chain of dependent maxima in the step drops from one per column a thread holds (32, plus
     the shuffles' step) to the tree's depth, in the same number of instructions."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "ditgate.kernels.hopper_compile", "--tree-max"], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    shapes = json.loads(run.stdout.strip().splitlines()[-1])
+    shapes = _loop_shapes("--tree-max")
     for chain, tree in zip(shapes[::2], shapes[1::2]):
         assert not chain["tree_max"] and tree["tree_max"] and chain["qk"] == tree["qk"]
         assert chain["max_chain"] >= 31 and tree["max_chain"] <= 8, (chain, tree)
