@@ -1,22 +1,22 @@
 """A/B in one run: the Hopper schedule with its exp2s pinned above the P·V wait (``pin=True``, the row sums
-stored to shared memory before the wait; see ``_overlapped_step``) against the same kernel without the
-pin, where ptxas places the wait before the first exp2. Both come from the working tree (``pin`` is a
-launch flag). Per shape and mode, interleaved rounds of do_bench medians on random bf16 inputs, with
-cuDNN SDPA (and flash-attn-4 where it imports) timed in the same run, and the cosine to a float32
-reference on a fresh input set, and whether each variant's output has the same bits as the first
-variant's (on that input set; for lists, on the timed inputs). Then block lists at LTX (192 query rows, the selector's height there):
-random ascending lists of L key blocks per row, pinned and not, to see how time grows with L.
+stored to shared memory before the wait; see ``_overlapped_step``) against the same kernel without the pin,
+where ptxas places the wait before the first exp2. Both come from the working tree (``pin`` is a launch flag).
+Per shape and mode, interleaved rounds of do_bench medians on random bf16 inputs, with cuDNN SDPA (and
+flash-attn-4 where it imports) timed in the same run, and the cosine to a float32 reference on a fresh input set,
+and whether each variant's output has the same bits as the first variant's (on that input set; for lists, on
+the timed inputs). Then block lists at LTX (192 query rows, the selector's height there): random ascending
+lists of L key blocks per row, pinned and not, to see how time grows with L.
 
     python benchmarks/experiments/pin_ab.py --out DIR [--rounds 2] [--shapes ltx wan] [--modes plain fp8 int8]
         [--variants pin=0 pin=1 | soft_exp2=0 soft_exp2=8 ...]
 
-``--variants``: the launch flags compared (``hopper_attention`` keywords, integers; by default the pin off
-and on); ``default`` is the launch as ditgate's forms make it, ``before`` the same from the module file
-``--before`` names (an earlier commit's kernel, written beside this file and not kept in the tree:
-``git show COMMIT:ditgate/kernels/hopper_attention.py | sed 's/^from .quant_attention/from
-ditgate.kernels.quant_attention/' > benchmarks/experiments/hopper_attention_before.py``). Call a of results 2026-12-03-h200-s8 ran the default; calls e and f compared ``soft_exp2`` (an option
-of commit 02611ce, since removed) and ``schedule``.
-"""
+``--variants``: the launch flags compared (``hopper_attention`` keywords, integers; by default the pin off and
+on); ``default`` is the launch as ditgate's forms make it, ``before`` the same from the module file
+``--before`` names (an earlier commit's kernel, written beside this file and not kept in the tree: ``git show
+COMMIT:ditgate/kernels/hopper_attention.py | sed 's/^from .quant_attention/from
+ditgate.kernels.quant_attention/' > benchmarks/experiments/hopper_attention_before.py``). Call a of results
+2026-12-03-h200-s8 ran the default; calls e and f compared ``soft_exp2`` (an option of commit 02611ce, since
+removed) and ``schedule``."""
 
 from __future__ import annotations
 
@@ -90,14 +90,14 @@ def main() -> None:
     kernels = {0: hopper_attention}
     if args.before:
         spec = importlib.util.spec_from_file_location("hopper_attention_before", args.before)
-        kernels[1] = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(kernels[1])
-        kernels[1] = kernels[1].hopper_attention
+        before = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(before)
+        kernels[1] = before.hopper_attention
 
     def attend(*tensors, before=0, **call):
         return kernels[before](*tensors, **call)
     for flags in variants:
-        for name in ("pin", "tc_sum", "tree_max", "persistent"):
+        for name in ("pin", "tc_sum", "tree_max"):
             if name in flags:
                 flags[name] = bool(flags[name])
 

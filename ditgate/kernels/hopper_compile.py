@@ -179,25 +179,25 @@ def _longest_chain(step: list[str], opcode: str) -> int:
     return longest
 
 
+LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an option goes off and on
+    # the overlapped schedules' step, per mode, at head dim 128
+    "--loops": lambda: [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]],
+    # P's row sums from the softmax's adds or the tensor cores, in two modes' steps
+    "--tc-sum": lambda: [loop_shape(qk, d, 3, groups, tc_sum=tc_sum)
+                         for qk, d, groups in (("fp8", 64, 3), ("plain", 128, 2)) for tc_sum in (False, True)],
+    # each row's max as the compiler's chain or a tree
+    "--tree-max": lambda: [loop_shape(qk, 64, 3, 3, tree_max=tree)
+                           for qk in ("plain", "fp8") for tree in (False, True)],
+    # plain over 192-row lists (pinned by default), with and without the pin
+    "--pin": lambda: [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)],
+}
+
+
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's functions cannot be compiled")
-    if sys.argv[1:] == ["--loops"]:  # the overlapped schedules' steady-state step, per mode, at head dim 128
-        shapes = [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]]
-        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
-        return
-    if sys.argv[1:] == ["--tc-sum"]:  # P's row sums from the softmax's adds or the tensor cores, in two modes' steps
-        shapes = [loop_shape(qk, d, 3, groups, tc_sum=tc_sum) for qk, d, groups in (("fp8", 64, 3), ("plain", 128, 2))
-                  for tc_sum in (False, True)]
-        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
-        return
-    if sys.argv[1:] == ["--tree-max"]:  # each row's max as the compiler's chain or a tree, where each is the default
-        shapes = [loop_shape(qk, 64, 3, 3, tree_max=tree) for qk in ("plain", "fp8") for tree in (False, True)]
-        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
-        return
-    if sys.argv[1:] == ["--pin"]:  # plain over 192-row lists (pinned by default), with and without the pin
-        shapes = [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)]
-        print(json.dumps([dataclasses.asdict(r) for r in shapes]))
+    if len(sys.argv) == 2 and sys.argv[1] in LOOP_MODES:
+        print(json.dumps([dataclasses.asdict(r) for r in LOOP_MODES[sys.argv[1]]()]))
         return
     reports = [compile_report(qk, d, sparse, groups) for qk in ("plain", "fp8", "int8") for d in (64, 128)
                for sparse, groups in ((False, 2), (True, 2), (False, 3), (True, 3)) if groups == 2 or d == 64]
