@@ -33,6 +33,7 @@
 #   bash benchmarks/gpu.sh s10-prep      (carry .big/a)        keep the first half; Hopper tests of this session's options
 #   bash benchmarks/gpu.sh s10-final     (carry .whl, after s10-prep and join)  install; every mode against cuDNN and
 #                                        fa4, lists at LTX; the forms' GPU tests
+#   bash benchmarks/gpu.sh s11-bytes     (carry .whl)          no fa4: P's FP8 bytes without exp2 (byte_p): tests, A/B
 #   bash benchmarks/gpu.sh s10-tree      (carry .whl)          no fa4: row max as a tree or a chain (A/B, bits compared)
 #   bash benchmarks/gpu.sh s10-probe     (carry .whl)          no fa4: INT8 narrow A/B; Nsight Compute stalls per SASS line
 #   bash benchmarks/gpu.sh s9-check      (carry .whl)          no fa4: Hopper and forms' GPU tests; FP8 lists with tc_sum A/B
@@ -170,6 +171,15 @@ s10-final)  # carry .whl, after s10-prep and join: install; the list tests (fixe
     timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 plain \
         --list-lengths 27 54 108 216 --variants default 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args" | tail -30
+    ;;
+s11-bytes)  # carry .whl (no fa4): P's FP8 bytes from one FMA instead of an exp2 (byte_p): its GPU tests, then A/B
+    # against the exp2 at both shapes and over FP8 lists at LTX (densities 1/8, 1/4, 1/2)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py -k "bytes" 2>&1 | grep -v "aux_data\|exe_args" \
+        | tail -12 | tee "$OUT/pytest-bytes.txt"
+    timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 --list-lengths 27 54 108 \
+        --variants byte_p=0 byte_p=1 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -30
     ;;
 s10-tree)  # carry .whl (no fa4): each row's max as a tree of pairwise maxima or the compiler's chain (A/B), every
     # mode at both shapes and over lists; the outputs compared bit for bit

@@ -23,6 +23,9 @@ from ditgate.kernels.hopper_compile import HOPPER_SMEM  # noqa: E402
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 REL_L2 = {"fp8": 0.06, "int8": 0.045, "plain": 0.01}  # sqrt(2 (1 - cosine)) of the H200 cosines (0.9985, 0.9992) plus margin
+# P's bytes without exp2 (``byte_p``): sqrt(2 (1 - cosine)) of the float64 emulation at LTX's shape (1.62e-3 and
+# 0.93e-3: 0.057 and 0.043) plus margin
+REL_L2_BYTES = {"fp8": 0.07, "int8": 0.055}
 
 
 @functools.lru_cache(maxsize=1)  # one compile of every variant serves the tests that read the reports
@@ -356,6 +359,51 @@ def test_every_p_carry_matches_reference(narrow, groups, qk):
     ha.hopper_attention(q, k, v, qk=qk, out=out, groups=groups, narrow=narrow)
     assert torch.isfinite(out).all()
     assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", [0, 3], ids=["schedule0", "schedule3"])
+@pytest.mark.parametrize("qk", ["fp8", "int8"])
+@pytest.mark.parametrize("shape, groups", [((1, 4, 4, 1000, 1000, 128), 2), ((2, 4, 2, 300, 77, 64), 3),
+                                           ((1, 2, 1, 256, 384, 64), 2)], ids=["odd-128", "gqa-cross-3", "even-64"])
+def test_p_bytes_without_exp2_match_reference(shape, groups, qk, schedule):
+    """P's FP8 bytes from one FMA instead of an exp2 (``byte_p``): every row written, within its bound of
+    exact attention, near the exp2's output (same quantized scores and row sums from the tensor cores), and
+    not the same output (the bytes did change)."""
+    q, k, v = _qkv(*shape, seed=sum(shape) + 37)
+    out = torch.full_like(q, float("nan"))
+    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule, groups=groups, byte_p=True)
+    assert torch.isfinite(out).all()
+    assert _rel(out, _reference(q, k, v)) < REL_L2_BYTES[qk]
+    exp2 = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, tc_sum=True, narrow=2)
+    assert 0 < _rel(out, exp2.double()) < REL_L2_BYTES[qk]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["fp8", "int8"])
+@pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
+def test_p_bytes_over_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, groups):
+    """``byte_p`` over block lists: the expanded mask's attention, zeros for an empty list, and every block
+    listed giving dense's bits."""
+    B, H, S, D = 1, 2, 1000, 64
+    rows = 64 * groups
+    q, k, v = _qkv(B, H, H, S, S, D, seed=41)
+    n_m, n = -(-S // rows), -(-S // 128)
+    keep = torch.rand(B, H, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8)) < 0.4
+    keep[..., -1] = True
+    keep[0, 0, 1] = False
+    count = keep.sum(-1).to(torch.int32)
+    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, byte_p=True)
+    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
+    assert _rel(out, _reference(q, k, v, tokens)) < REL_L2_BYTES[qk]
+    assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
+    every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
+    listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n), groups=groups,
+                                 byte_p=True)
+    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, groups=groups, byte_p=True))
 
 
 @gpu

@@ -100,6 +100,9 @@ TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})
 # against 34.46-34.53; LTX lists of 16 / 65 blocks FP8 1.293 / 3.552 against 1.264 / 3.509, plain 1.088 / 3.682
 # against 1.082 / 3.686. Why a shorter chain before the first exp2 slows the 8-bit modes is not measured
 TREE_MAXED = frozenset({("plain", 64, None)})
+# (mode, head dim, list rows or None) where FP8 P's bytes come from one FMA instead of an exp2 (``_byte_p``): none
+# until measured
+BYTE_PS: frozenset = frozenset()
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -152,7 +155,7 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
 
 @gluon.jit
 def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  SUM: gl.constexpr, TREE_MAX: gl.constexpr):
+                  SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr = False):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) = max(raw) · c).
@@ -160,7 +163,8 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     factor). INT8 products become float by the magic-number add. ``MASK``: this may be the tail block (keys past
     S_K), masked where ``j`` is the last key block. Only ever the last visited block (the lists ascend), so the
     loop body stays free of the mask (ptxas turns the branch into selects on every element). ``TREE_MAX``: the
-    row max as a tree (``_row_max``). Every exp2 is MUFU's: one in 8 (or 4) by a polynomial on the FMA units, as
+    row max as a tree (``_row_max``). ``BYTE_P``: P comes back as floats whose lowest byte is P's FP8 byte
+    (``_byte_p``), with no exp2 but alpha's. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on the FMA units, as
     FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
     benchmarks/results/2026-12-03-h200-s8, call e: plain 12.56-13.05 against 12.24-12.30 ms at LTX, FP8
     10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
@@ -180,10 +184,39 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
             raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
     m_new = gl.maximum(m_i, (_row_max(raw, TREE_MAX) - offset) * c)
     alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
+    if BYTE_P:
+        p = _byte_p(raw, c, m_new, offset)
+    else:
+        p = gl.exp2(raw * c - (m_new + offset * c - LOG2_P_SCALE)[:, None])
     if SUM:  # otherwise the tensor cores sum P (``TC_SUM``) and l_i stays as it came
         l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
+
+
+BYTE_TOP = gl.constexpr(120.0)  # P's FP8 byte at the row max (``_byte_p``): 0x78, 256
+
+
+@gluon.jit
+def _byte_p(raw, c, m_new, offset: gl.constexpr):
+    """FP8 P without exp2: each score's e4m3 byte computed as an integer, X = round(8 · (x + 15)) for
+    x = (raw - offset) · c - m_new (log2 units, <= 0), clamped to [0, 128) by the FMA's saturation (scores
+    15 octaves below the row max become 0), and left as the lowest byte of a float by a second FMA that adds
+    1.5 · 2^23. An e4m3 byte read as a number, 8 · exponent + mantissa, is 8 · (log2 of its value + 7) with
+    the mantissa taken linearly between powers of two (Schraudolph's exponent trick, at e4m3's three
+    mantissa bits): P = 2^(x + 8) up to a factor between 1 and 1.06 that depends on the fraction of x, and
+    the rounding to three bits the exp2's cast would make anyway (float64 emulation at LTX's shape: 1 -
+    cosine 1.62e-3 against 1.53e-3 in FP8 mode, 0.93e-3 against 0.78e-3 in INT8 mode). Why: the exp2 unit,
+    16 per clock per multiprocessor, is the quantized softmax's narrowest part (46 % of FP8's stall samples
+    at LTX's shape, benchmarks/results/2026-12-03-h200-s10); FMAs run at 128. The row sums must be the
+    tensor cores' (``TC_SUM``), of the bytes the product uses. Each row's shift is taken from m_new, as the
+    exp2's is, so alpha stays exp2(m_i - m_new); INT8's magic-number offset is folded into it (about 110 /
+    128 in these units, so its rounding moves X by under 1e-3)."""
+    a = c * 0.0625  # X / 128 per unit of raw
+    shift = (BYTE_TOP - 8.0 * m_new) * 0.0078125 - offset * a
+    return gl.inline_asm_elementwise(
+        "{ .reg .f32 t; fma.rn.sat.f32 t, $1, $2, $3; fma.rn.f32 $0, t, 0f43000000, 0f4B400000; }", "=r,r,r,r",
+        [raw, gl.full(raw.shape, a, gl.float32, raw.type.layout), gl.broadcast(shift[:, None], raw)[0]],
+        dtype=gl.float32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -228,7 +261,7 @@ def _ahead(row, KS, ks_base, i, count, j_next, SPARSE: gl.constexpr, QUANT: gl.c
 
 
 @gluon.jit
-def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
+def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, BYTE_P: gl.constexpr = False):
     """P cast for the P·V product and laid out as its register operand.
 
     16-bit: the accumulator layout already is the operand's, one pack per pair. FP8: the operand wants
@@ -238,6 +271,10 @@ def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr):
     values, and V is stored in the same order (``quantize(permute_v=True)``): the
     product is unchanged. Four values go into one register by two paired conversions in one asm (the
     compiler's own cast keeps one register per byte and repacks them: byte moves in the SASS)."""
+    if BYTE_P:  # the low bytes of four floats (``_byte_p``) into one register
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi; prmt.b32 lo, $1, $2, 0x0040; prmt.b32 hi, $3, $4, 0x0040; prmt.b32 $0, lo, hi, 0x5410; }",
+            "=r,r,r,r,r", [_reordered(p, o_layout)], dtype=gl.float8e4nv, is_pure=True, pack=4)
     if pv_dtype.primitive_bitwidth == 8:
         p = _reordered(p, o_layout)
         if p.dtype == gl.float16:  # P carried at 16 bits (``_carried``, NARROW 1)
@@ -287,21 +324,25 @@ def _reordered(p, o_layout: gl.constexpr):
     return gl.convert_layout(p, gl.DotOperandLayout(0, o_layout, 4))
 
 
-def default_narrowing(groups: int, qk: str) -> int:
+def default_narrowing(groups: int, qk: str, byte_p: bool = False) -> int:
     """How an 8-bit P crosses the loop (``_carried``) unless the call says: 0 as fp32 (two warpgroups, 240
     registers each), 2 (packed FP8 bytes) at three (160 registers, where fp32 P spilled). On the H200 at
     LTX's 32 x 27588 x 64, two rounds: FP8 packed 9.94-9.99 ms against 10.13-10.17 as float16 (1)
     (benchmarks/results/2026-12-03-h200-s7, call f); INT8, with the row sums on the tensor cores, 10.33-10.34
     against 10.54-10.56, cosine 0.99924 both (results 2026-12-03-h200-s10, call a; without them, in s7, it had
     lost, 12.05-12.13 against 11.03-11.05). At head dim 128 packing lengthens the step (FP8: 477 SASS
-    instructions against 462, 426 against 413 with the row sums on the tensor cores), so two warpgroups keep 0."""
+    instructions against 462, 426 against 413 with the row sums on the tensor cores), so two warpgroups keep 0.
+    P's bytes made without exp2 (``byte_p``) are packed already: 2 (fp32 floats carried spill, 1192 bytes at head
+    dim 128)."""
+    if byte_p:
+        return 2
     if groups != 3 or qk == "plain":
         return 0
     return 2
 
 
 @gluon.jit
-def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
+def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr, BYTE_P: gl.constexpr = False):
     """What crosses the loop for the next step's P·V: at 16 bits the operand itself (half the registers
     of fp32 P), at 8 bits fp32 P, made the operand at the next step (an 8-bit operand crossed the loop
     one value per byte and was unpacked and repacked every block: about 200 byte moves, PRMT and LOP3,
@@ -310,7 +351,11 @@ def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.const
     pair of float16 registers that an asm over four values gives back (the second holds nothing and is
     dead); the next step only renames them (``_operand``): one conversion per pair of values where 1
     takes two (430 instructions per step against 462 in the SASS of FP8 at head dim 64)."""
-    if pv_dtype.primitive_bitwidth == 8 and NARROW == 2:
+    if BYTE_P and NARROW == 2:  # the bytes of ``_byte_p``'s floats, packed as 2 packs converted ones
+        x = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi; prmt.b32 lo, $2, $3, 0x0040; prmt.b32 hi, $4, $5, 0x0040; prmt.b32 $0, lo, hi, 0x5410;"
+            " mov.b32 $1, 0; }", "=r,=r,r,r,r,r", [_reordered(p, o_layout)], dtype=gl.float16, is_pure=True, pack=4)
+    elif pv_dtype.primitive_bitwidth == 8 and NARROW == 2:
         x = gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $3, $2; cvt.rn.satfinite.e4m3x2.f32 hi, $5, $4;"
             " mov.b32 $0, {lo, hi}; mov.b32 $1, 0; }", "=r,=r,r,r,r,r", [_reordered(p, o_layout)],
@@ -320,17 +365,18 @@ def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.const
     elif pv_dtype.primitive_bitwidth == 8:
         x = p
     else:
-        x = _as_operand(p, pv_dtype, o_layout)
+        x = _as_operand(p, pv_dtype, o_layout, BYTE_P)
     return x
 
 
 @gluon.jit
-def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr):
+def _operand(carried, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.constexpr,
+             BYTE_P: gl.constexpr = False):
     if pv_dtype.primitive_bitwidth == 8 and NARROW == 2:  # the bytes packed by ``_carried``
         x = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [carried], dtype=gl.float8e4nv, is_pure=True,
                                       pack=4)
     elif pv_dtype.primitive_bitwidth == 8:
-        x = _as_operand(carried, pv_dtype, o_layout)
+        x = _as_operand(carried, pv_dtype, o_layout, BYTE_P)
     else:
         x = carried
     return x
@@ -352,7 +398,7 @@ def _sum_product(pv, ones_smem, lacc):
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
                  MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
-                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr):
+                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
     """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V (and P·1, ``TC_SUM``), each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
@@ -360,9 +406,9 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, k
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
-                                       TREE_MAX)
+                                       TREE_MAX, BYTE_P)
     acc = _rescaled(acc, alpha)
-    pv = _as_operand(p, v_bufs.dtype, o_layout)
+    pv = _as_operand(p, v_bufs.dtype, o_layout, BYTE_P)
     acc = warpgroup_mma(pv, _v_operand(v_bufs, st, V_T), acc, is_async=True)
     if TC_SUM:
         lacc = _rescaled(lacc, alpha)
@@ -381,7 +427,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
                      GROUPS: gl.constexpr, sums, PIN: gl.constexpr, lacc, ones_smem, TC_SUM: gl.constexpr,
-                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
+                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -400,7 +446,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
     prev = (i - 1) % STAGES
-    pd = _operand(carried, v_bufs.dtype, o_layout, NARROW)
+    pd = _operand(carried, v_bufs.dtype, o_layout, NARROW, BYTE_P)
     mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
     if TURNS:
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
@@ -419,7 +465,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     else:
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
-                                       TREE_MAX)
+                                       TREE_MAX, BYTE_P)
     if PIN:
         sums.store(l_i)
     if TC_SUM:
@@ -433,7 +479,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         acc = _rescaled(acc, alpha)
         if TC_SUM:
             lacc = _rescaled(lacc, alpha)
-    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, NARROW), alpha, m_i,
+    return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, NARROW, BYTE_P), alpha, m_i,
             l_i, j_next, ks_next, j_after)
 
 
@@ -441,7 +487,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-             NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
+             NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -491,38 +537,38 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                 ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
-                TC_SUM, TREE_MAX)
+                TC_SUM, TREE_MAX, BYTE_P)
         if count > 0:
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
                 KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, lacc,
-                ones_smem, TC_SUM, TREE_MAX)
+                ones_smem, TC_SUM, TREE_MAX, BYTE_P)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
-                                           not TC_SUM, TREE_MAX)
-        carried = _carried(p, pv_dtype, o_layout, NARROW)
+                                           not TC_SUM, TREE_MAX, BYTE_P)
+        carried = _carried(p, pv_dtype, o_layout, NARROW, BYTE_P)
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX, BYTE_P)
         if count > 1:
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
                 INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW,
-                TREE_MAX)
+                TREE_MAX, BYTE_P)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = _rescaled(acc, alpha)
             if TC_SUM:
                 lacc = _rescaled(lacc, alpha)
-        pv = _operand(carried, pv_dtype, o_layout, NARROW)
+        pv = _operand(carried, pv_dtype, o_layout, NARROW, BYTE_P)
         acc = warpgroup_mma(pv, _v_operand(v_bufs, last, V_T), acc, is_async=True)
         if TC_SUM:
             lstep = _sum_product(pv, ones_smem, lacc)
@@ -550,7 +596,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr):
+                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -605,19 +651,19 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX)),
+                        TREE_MAX, BYTE_P)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX)),
+                        TREE_MAX, BYTE_P)),
             (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX)),
+                        TREE_MAX, BYTE_P)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX)),
+                        TREE_MAX, BYTE_P)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX)),
+                        TREE_MAX, BYTE_P)),
         ], [4, 4], [240, 240])
 
 
@@ -705,13 +751,14 @@ class Launch:
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
                 pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-                tree_max: bool | None = None) -> Launch:
+                tree_max: bool | None = None, byte_p: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
     ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
-    (``TREE_MAXED``), the same bits as without."""
+    (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from one FMA instead of an exp2
+    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
@@ -733,8 +780,14 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         scales = (out, out, out)  # unused placeholders
     sparse = kv_index is not None
     where = (qk, D, rows_q if sparse else None)
+    if byte_p is None:
+        byte_p = where in BYTE_PS
+    if byte_p and qk == "plain":
+        raise ValueError("byte_p makes P's FP8 bytes: FP8 or INT8 mode only")
     if tc_sum is None:
-        tc_sum = where in TC_SUMMED
+        tc_sum = where in TC_SUMMED or bool(byte_p)
+    if byte_p and not tc_sum:
+        raise ValueError("byte_p leaves no float P to sum: its row sums are the tensor cores' (tc_sum)")
     if pin is None:
         pin = where in PINNED and not tc_sum
     if pin and tc_sum:
@@ -742,9 +795,9 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     if tree_max is None:
         tree_max = where in TREE_MAXED
     if narrow is None:
-        narrow = default_narrowing(groups, qk)
-    if narrow not in (0, 1, 2):
-        raise ValueError(f"narrow must be 0, 1 or 2, not {narrow!r}")
+        narrow = default_narrowing(groups, qk, bool(byte_p))
+    if narrow not in (0, 1, 2) or (byte_p and narrow == 1):
+        raise ValueError(f"narrow must be 0, 1 or 2 (0 or 2 with byte_p), not {narrow!r}")
     if tc_sum:  # the tile of ones P is multiplied by; otherwise V's descriptor stands in, never read
         ones_desc = _descriptor(torch.ones(8, ROWS_K, dtype=v_desc.base.dtype, device=q.device), [8, ROWS_K])
     else:
@@ -758,7 +811,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
-                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max))
+                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), BYTE_P=bool(byte_p))
     return Launch((n_m, B * H), args, flags)
 
 
@@ -768,7 +821,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None, pin: bool | None = None,
                      tc_sum: bool | None = None, narrow: int | None = None,
-                     tree_max: bool | None = None) -> torch.Tensor:
+                     tree_max: bool | None = None, byte_p: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
@@ -804,6 +857,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
-                         narrow, tree_max)
+                         narrow, tree_max, byte_p)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -46,7 +46,8 @@ class CompileReport:
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
-                tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None) -> ha.Launch:
+                tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
+                byte_p: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
@@ -62,18 +63,18 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
-                          narrow=narrow, tree_max=tree_max)
+                          narrow=narrow, tree_max=tree_max, byte_p=byte_p)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-             tree_max: bool | None = None):
+             tree_max: bool | None = None, byte_p: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max)  # flags as plan_launch decides
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p)  # flags as plan_launch decides
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
