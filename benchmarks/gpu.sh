@@ -34,6 +34,9 @@
 #   bash benchmarks/gpu.sh s10-final     (carry .whl, after s10-prep and join)  install; every mode against cuDNN and
 #                                        fa4, lists at LTX; the forms' GPU tests
 #   bash benchmarks/gpu.sh s11-bytes     (carry .whl)          no fa4: P's FP8 bytes without exp2 (byte_p): tests, A/B
+#   bash benchmarks/gpu.sh s11-final     (carry .whl, after prep and join)  install; every mode against cuDNN and fa4,
+#                                        lists at LTX; Hopper and forms' GPU tests
+#   bash benchmarks/gpu.sh s11-sparse    (no carry, warm after s11-final)  the sparse stage ($MODELS, default LTX)
 #   bash benchmarks/gpu.sh s10-tree      (carry .whl)          no fa4: row max as a tree or a chain (A/B, bits compared)
 #   bash benchmarks/gpu.sh s10-probe     (carry .whl)          no fa4: INT8 narrow A/B; Nsight Compute stalls per SASS line
 #   bash benchmarks/gpu.sh s9-check      (carry .whl)          no fa4: Hopper and forms' GPU tests; FP8 lists with tc_sum A/B
@@ -180,6 +183,22 @@ s11-bytes)  # carry .whl (no fa4): P's FP8 bytes from one FMA instead of an exp2
         | tail -12 | tee "$OUT/pytest-bytes.txt"
     timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 --list-lengths 27 54 108 \
         --variants byte_p=0 byte_p=1 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | tail -30
+    ;;
+s11-final)  # carry .whl, after prep and join: install; every mode as ditgate launches it (byte_p on) against cuDNN
+    # and fa4 at both shapes, lists at densities 1/8, 1/4, 1/2 and 1 of LTX's 216 key blocks; then the GPU tests
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 330 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 plain \
+        --list-lengths 27 54 108 216 --variants default 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args" | tail -30
+    timeout 100 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 \
+        | tee "$OUT/pytest-gpu.txt"
+    timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "(lists_equal and schedule3) or tensor_core or tree" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-hopper.txt"
+    ;;
+s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
+    timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -40
     ;;
 s10-tree)  # carry .whl (no fa4): each row's max as a tree of pairwise maxima or the compiler's chain (A/B), every
     # mode at both shapes and over lists; the outputs compared bit for bit

@@ -100,9 +100,12 @@ TC_SUMMED = frozenset({("fp8", 64, None), ("int8", 64, None)})
 # against 34.46-34.53; LTX lists of 16 / 65 blocks FP8 1.293 / 3.552 against 1.264 / 3.509, plain 1.088 / 3.682
 # against 1.082 / 3.686. Why a shorter chain before the first exp2 slows the 8-bit modes is not measured
 TREE_MAXED = frozenset({("plain", 64, None)})
-# (mode, head dim, list rows or None) where FP8 P's bytes come from one FMA instead of an exp2 (``_byte_p``): none
-# until measured
-BYTE_PS: frozenset = frozenset()
+# (mode, head dim, list rows or None) where FP8 P's bytes come from two FMAs instead of an exp2 (``_byte_p``), faster
+# than the exp2 everywhere it was measured, in one run (benchmarks/results/2026-12-03-h200-s11, call a, pin_ab.py, two
+# rounds, ms exp2 -> bytes): LTX FP8 9.30-9.34 -> 8.60-8.64 (cosine 0.99856 -> 0.99840), INT8 10.35-10.36 -> 9.08-9.09
+# (0.99924 -> 0.99907); Wan-14B FP8 27.31-27.38 -> 23.32-24.29, INT8 28.03-28.07 -> 24.16-24.48 (0.99922 -> 0.99906);
+# FP8 lists of 27 / 54 / 108 of 216 blocks at LTX 1.797 / 2.997 / 5.371 -> 1.523 / 2.503 / 4.537
+BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), ("int8", 128, None), ("fp8", 64, 192)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
@@ -780,8 +783,8 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         scales = (out, out, out)  # unused placeholders
     sparse = kv_index is not None
     where = (qk, D, rows_q if sparse else None)
-    if byte_p is None:
-        byte_p = where in BYTE_PS
+    if byte_p is None:  # by default, unless the call asks for what the bytes exclude: the softmax's sums or a float16 P
+        byte_p = where in BYTE_PS and tc_sum is not False and narrow != 1 and not pin
     if byte_p and qk == "plain":
         raise ValueError("byte_p makes P's FP8 bytes: FP8 or INT8 mode only")
     if tc_sum is None:

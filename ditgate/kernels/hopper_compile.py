@@ -7,7 +7,7 @@ products against the exp2s in each overlapped schedule's loop. Run it in a proce
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max]
+    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max | --byte-p]
 """
 
 from __future__ import annotations
@@ -131,36 +131,43 @@ class LoopShape:
     tc_sum: bool  # P's row sums from the tensor cores (``_consume``)
     narrow: int  # how an 8-bit P crosses the loop (``hopper_attention.default_narrowing``)
     tree_max: bool  # each row's max as a tree of pairwise maxima (``hopper_attention._row_max``)
+    byte_p: bool  # P's FP8 bytes from FMAs, no exp2 but alpha's (``hopper_attention._byte_p``)
     spill_bytes: int
-    instructions: int
+    instructions: int  # to the next fresh Q·Kᵀ product: the loop's body and what follows its branch back
+    loop_instructions: int  # to the branch back: the body alone
     max_chain: int  # the longest chain of dependent maxima (FMNMX) in the step
     waits: tuple[tuple[int, int], ...]  # (position, groups left in flight)
     first_exp2: int
     last_exp2: int
+    exp2s: int  # in the loop's body
 
 
 def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
                sparse: bool = False, tc_sum: bool | None = None, narrow: int | None = None,
-               tree_max: bool | None = None) -> LoopShape:
+               tree_max: bool | None = None, byte_p: bool | None = None) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, byte_p)
     with tempfile.TemporaryDirectory() as tmp:
         info, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
                               check=True).stdout
-    body = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line).split(";")[0] for line in sass.splitlines()
-            if re.match(r"\s*/\*[0-9a-f]+\*/\s+\S", line)]
+    lines = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+\S", line)]
+    addresses = [int(re.match(r"\s*/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
+    body = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line).split(";")[0] for line in lines]
     starts = [i for i, ins in enumerate(body) if re.search(r"GMMA\.\S+ R\d+, gdesc\[UR\d+\], RZ", ins)]
     step = body[starts[1]:starts[2]]
+    back = [i for i, ins in enumerate(step) for m in [re.search(r"\bBRA (0x[0-9a-f]+)", ins)]
+            if m and int(m.group(1), 16) <= addresses[starts[1] + i]]  # the loop's branch back to its top
     waits = tuple((i, int(m.group(1), 16)) for i, ins in enumerate(step)
                   for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
+    loop = back[0] + 1 if back else len(step)
     return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], flags["NARROW"],
-                     flags["TREE_MAX"], _spills(info), len(step), _longest_chain(step, "FMNMX"), waits, exp2[0],
-                     exp2[-1])
+                     flags["TREE_MAX"], flags["BYTE_P"], _spills(info), len(step), loop, _longest_chain(step, "FMNMX"),
+                     waits, exp2[0], exp2[-1], sum(i < loop for i in exp2))
 
 
 def _longest_chain(step: list[str], opcode: str) -> int:
@@ -183,12 +190,16 @@ def _longest_chain(step: list[str], opcode: str) -> int:
 LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an option goes off and on
     # the overlapped schedules' step, per mode, at head dim 128
     "--loops": lambda: [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]],
-    # P's row sums from the softmax's adds or the tensor cores, in two modes' steps
-    "--tc-sum": lambda: [loop_shape(qk, d, 3, groups, tc_sum=tc_sum)
+    # P's row sums from the softmax's adds or the tensor cores, in two modes' steps (P from exp2s)
+    "--tc-sum": lambda: [loop_shape(qk, d, 3, groups, tc_sum=tc_sum, byte_p=False)
                          for qk, d, groups in (("fp8", 64, 3), ("plain", 128, 2)) for tc_sum in (False, True)],
     # each row's max as the compiler's chain or a tree
     "--tree-max": lambda: [loop_shape(qk, 64, 3, 3, tree_max=tree)
                            for qk in ("plain", "fp8") for tree in (False, True)],
+    # P's FP8 bytes from exp2s or from FMAs, dense at both head dims' warpgroups and over 192-row lists
+    "--byte-p": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, byte_p=bytes_)
+                         for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False), ("fp8", 64, 3, True))
+                         for bytes_ in (False, True)],
     # plain over 192-row lists (pinned by default), with and without the pin
     "--pin": lambda: [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)],
 }
