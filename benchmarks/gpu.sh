@@ -37,6 +37,8 @@
 #   bash benchmarks/gpu.sh s11-final     (carry .whl, after prep and join)  install; every mode against cuDNN and fa4,
 #                                        lists at LTX; Hopper and forms' GPU tests
 #   bash benchmarks/gpu.sh s11-sparse    (no carry, warm after s11-final)  the sparse stage ($MODELS, default LTX)
+#   bash benchmarks/gpu.sh s11-wan-lists (carry .whl)          no fa4: the sparse stage at Wan-14B (FP8 lists of 128 rows
+#                                        with byte_p on the Hopper schedule against Triton's); the forms' GPU tests
 #   bash benchmarks/gpu.sh s10-tree      (carry .whl)          no fa4: row max as a tree or a chain (A/B, bits compared)
 #   bash benchmarks/gpu.sh s10-probe     (carry .whl)          no fa4: INT8 narrow A/B; Nsight Compute stalls per SASS line
 #   bash benchmarks/gpu.sh s9-check      (carry .whl)          no fa4: Hopper and forms' GPU tests; FP8 lists with tc_sum A/B
@@ -199,6 +201,18 @@ s11-final)  # carry .whl, after prep and join: install; every mode as ditgate la
 s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
     timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \
         | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32" | tail -40
+    ;;
+s11-wan-lists)  # carry .whl (no fa4): the sparse stage at Wan-14B, where FP8 over 128-row lists at head dim 128 now
+    # makes P's bytes without exp2 (byte_p) on the Hopper schedule, against the Triton schedule's lists in the same run;
+    # then the forms' GPU tests and the Hopper list tests that s11-final's timeouts cut short
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 250 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -E "dense|selected" | grep -v Warn | tail -30
+    timeout 180 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 \
+        | tee "$OUT/pytest-gpu.txt"
+    timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "lists_equal and schedule3" 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-hopper.txt"
     ;;
 s10-tree)  # carry .whl (no fa4): each row's max as a tree of pairwise maxima or the compiler's chain (A/B), every
     # mode at both shapes and over lists; the outputs compared bit for bit

@@ -105,7 +105,8 @@ TREE_MAXED = frozenset({("plain", 64, None)})
 # rounds, ms exp2 -> bytes): LTX FP8 9.30-9.34 -> 8.60-8.64 (cosine 0.99856 -> 0.99840), INT8 10.35-10.36 -> 9.08-9.09
 # (0.99924 -> 0.99907); Wan-14B FP8 27.31-27.38 -> 23.32-24.29, INT8 28.03-28.07 -> 24.16-24.48 (0.99922 -> 0.99906);
 # FP8 lists of 27 / 54 / 108 of 216 blocks at LTX 1.797 / 2.997 / 5.371 -> 1.523 / 2.503 / 4.537
-BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), ("int8", 128, None), ("fp8", 64, 192)})
+BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), ("int8", 128, None), ("fp8", 64, 192),
+                     ("fp8", 128, 128)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("int8", 64, None), ("int8", 128, None)})
