@@ -6,9 +6,12 @@ at all, or which product has to change.
 The roundings, as ``quant_attention.quantize`` and the kernels make them: Q in blocks of 64 rows and K
 (minus its mean over the sequence) in blocks of 128 rows, each scaled by its absolute maximum to e4m3
 (448) or int8 (127, round to nearest); P scaled so that its row maximum is 448 and cast to e4m3; V per
-channel by its absolute maximum to e4m3. One minus the cosine to exact float64 attention, per source
-alone and all together, for the FP8 and INT8 modes ("Q and K in e4m3 only" is also what FP8 Q·Kᵀ with an
-unrounded P·V would give, a mode the kernels do not have). CPU only; under a minute.
+channel by its absolute maximum to e4m3. P's byte from FMAs (the Hopper schedule's ``byte_p``):
+X = round(8 (x + 15)) for x the score minus the row max in log2 units, clamped to [0, 127], read as an e4m3
+byte (the mantissa linear between powers of two), and summed as those values. One minus the cosine to exact
+float64 attention, per source alone and all together, for the FP8 and INT8 modes ("Q and K in e4m3 only" is
+also what FP8 Q·Kᵀ with an unrounded P·V would give, a mode the kernels do not have). CPU only; under a
+minute.
 
     python benchmarks/fp8_error_budget.py --out DIR
 """
@@ -39,8 +42,16 @@ def _blocks(x: torch.Tensor, rows: int, fmt: str) -> torch.Tensor:
     return (y * scale).reshape(-1, d)[:n]
 
 
-def one_minus_cosine(q, k, v, qk: str | None, p8: bool, v8: bool) -> float:
-    """1 - cosine of the emulated output to exact attention; ``qk`` None keeps Q and K exact."""
+def _byte_values(x: torch.Tensor) -> torch.Tensor:
+    """The e4m3 values of the bytes X = round(8 (x + 15)), x <= 0 in log2 units (``hopper_attention._byte_p``)."""
+    byte = torch.round(8 * (x + 15)).clamp(0, 127).long()
+    exponent, mantissa = byte >> 3, (byte & 7).double()
+    return torch.where(exponent > 0, 2.0 ** (exponent.double() - 7) * (1 + mantissa / 8), mantissa / 8 * 2.0 ** -6)
+
+
+def one_minus_cosine(q, k, v, qk: str | None, p8: bool | str, v8: bool) -> float:
+    """1 - cosine of the emulated output to exact attention; ``qk`` None keeps Q and K exact; ``p8`` "bytes": P's
+    byte from FMAs, summed as the tensor cores sum it."""
     d = q.shape[1]
     exact = torch.softmax(q @ k.T / d ** 0.5, dim=-1) @ v
     ks = k - k.mean(0, keepdim=True)  # smoothing: exact for softmax
@@ -48,7 +59,10 @@ def one_minus_cosine(q, k, v, qk: str | None, p8: bool, v8: bool) -> float:
     s = qq @ kk.T / d ** 0.5
     p = torch.exp(s - s.amax(-1, keepdim=True)) * 448.0
     total = p.sum(-1, keepdim=True)
-    if p8:
+    if p8 == "bytes":
+        p = _byte_values((s - s.amax(-1, keepdim=True)) / torch.log(torch.tensor(2.0, dtype=s.dtype)))
+        total = p.sum(-1, keepdim=True)
+    elif p8:
         p = p.to(E4M3).double()
     vv = v
     if v8:
@@ -58,7 +72,7 @@ def one_minus_cosine(q, k, v, qk: str | None, p8: bool, v8: bool) -> float:
     return 1.0 - torch.nn.functional.cosine_similarity(out.flatten(), exact.flatten(), dim=0).item()
 
 
-VARIANTS = {  # name: (Q·Kᵀ format or None, P in e4m3, V in e4m3)
+VARIANTS = {  # name: (Q·Kᵀ format or None, P in e4m3 (or "bytes": from FMAs), V in e4m3)
     "Q and K in e4m3 only": ("fp8", False, False),
     "Q and K in int8 only": ("int8", False, False),
     "P in e4m3 only": (None, True, False),
@@ -66,6 +80,9 @@ VARIANTS = {  # name: (Q·Kᵀ format or None, P in e4m3, V in e4m3)
     "fp8 mode (all)": ("fp8", True, True),
     "int8 mode (all)": ("int8", True, True),
     "int8 Q·Kᵀ, e4m3 P only": ("int8", True, False),
+    "P's byte from FMAs only": (None, "bytes", False),
+    "fp8 mode, P's bytes": ("fp8", "bytes", True),
+    "int8 mode, P's bytes": ("int8", "bytes", True),
 }
 
 

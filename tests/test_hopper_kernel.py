@@ -95,6 +95,19 @@ def test_a_tree_of_maxima_shortens_the_chain_before_the_exp2s():
     assert ("plain", 64, None) in ha.TREE_MAXED
 
 
+def test_an_e4m3_byte_read_as_a_number_is_eight_times_its_log2_plus_seven():
+    """What ``byte_p`` rests on (``hopper_attention._byte_p``): every normal e4m3 byte X (8 to 126, 0x7F is NaN)
+    holds 2^(X / 8 - 7) times a factor in [1, 1.0617] (the mantissa linear between powers of two instead of
+    exponential), so X = round(8 (x + 15)) stands for 2^(x + 8) within that factor; the byte at the row max,
+    ``BYTE_TOP``, is finite with room below e4m3's largest value."""
+    bytes_ = torch.arange(8, 127, dtype=torch.uint8)
+    value = bytes_.view(torch.float8_e4m3fn).double()
+    ratio = value / 2.0 ** (bytes_.double() / 8 - 7)
+    assert ratio.min().item() == 1.0 and ratio.max().item() < 1.0617
+    top = torch.tensor([int(ha.BYTE_TOP.value)], dtype=torch.uint8).view(torch.float8_e4m3fn).double().item()
+    assert top == 256.0 and top < 448.0
+
+
 def test_p_bytes_take_the_exp2s_out_of_the_loop():
     """With P's FP8 bytes from FMAs (``byte_p``, the default of the dense 8-bit modes and of FP8 over 192-row
     lists), the loop's body keeps two exp2s per thread (alpha, one per row it holds) of the 66 it had, spills
@@ -405,11 +418,12 @@ def test_p_bytes_without_exp2_match_reference(shape, groups, qk, schedule):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("qk", ["fp8", "int8"])
-@pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
-def test_p_bytes_over_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, groups):
+@pytest.mark.parametrize("D, groups", [(64, 2), (64, 3), (128, 2)],
+                         ids=["d64-128-rows", "d64-192-rows", "d128-128-rows"])
+def test_p_bytes_over_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, D, groups):
     """``byte_p`` over block lists: the expanded mask's attention, zeros for an empty list, and every block
     listed giving dense's bits."""
-    B, H, S, D = 1, 2, 1000, 64
+    B, H, S = 1, 2, 1000
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=41)
     n_m, n = -(-S // rows), -(-S // 128)

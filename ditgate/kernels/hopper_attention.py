@@ -11,9 +11,11 @@ blocks. While one warpgroup is in its softmax another's products keep the tensor
 block's loads then serve 1.5 times the rows, and each scheduler has one more warp to issue from.
 
 Numerics are those of ``quant_attention``: the same quantized copies (``quantize``), the same score
-scale folded into one FMA with the row max, P in [0, 448] for FP8, INT8 products turned into floats
-by the magic-number add. The tail block (keys past the end) is masked only where it is visited, last
-(the lists ascend).
+scale folded into one FMA with the row max, INT8 products turned into floats by the magic-number add. One
+difference where ``BYTE_PS`` says (the dense 8-bit modes, FP8 block lists): P's FP8 bytes are computed from
+the scores by two FMAs instead of cast from exp2s (``_byte_p``: the mantissa linear between powers of two,
+about 1e-4 of cosine), and P's row sums are the tensor cores'. The tail block (keys past the end) is masked
+only where it is visited, last (the lists ascend).
 
 Layouts: the host tensors are read in place through 2-D descriptors when they are either contiguous
 [B, H, S, D] or [B, S, H, D] storage seen as [B, H, S, D] (diffusers' ``view(...).transpose(1, 2)``);
@@ -72,7 +74,10 @@ DEFAULT_GROUPS = {64: 3, 128: 2}
 # plain 11.4 / 4.6 ms against 14.0 / 4.8; FP8 lost at LTX (4.7 against 4.4) and at Wan at budget 0.15 (6.5
 # against 5.5), so it keeps those on Triton. Lists of 192 rows (three warpgroups, head dim 64; LTX, s7): plain
 # 4.08 ms at budget 0.3 against 4.49 with 128-row lists and 4.61 on Triton; FP8 4.11 against Triton's 4.41
-# (0.5: 5.83 against 6.96; 0.15: 2.61 against 2.61). INT8 with lists stays on Triton (not measured here).
+# (0.5: 5.83 against 6.96; 0.15: 2.61 against 2.61). INT8 with lists stays on Triton (not measured here). FP8 over
+# 128-row lists at head dim 128 with P's bytes from FMAs (``byte_p``), Wan-14B, the selector's lists, selection
+# included (benchmarks/results/2026-12-03-h200-s11, calls e and f): budget 0.5 / 0.3 / 0.15 12.85 / 8.45 / 5.38 ms
+# against Triton's 15.16 / 9.52 / 5.45, and 12.63 / 8.56 / 5.36 against 15.17 / 9.69 / 5.61.
 # (mode, head dim, list rows or None) where the exp2s pinned above the P·V wait (``_overlapped_step``'s PIN)
 # measured faster than left where ptxas puts them, both from the same kernel in one run
 # (benchmarks/results/2026-12-03-h200-s8, call a, benchmarks/experiments/pin_ab.py): plain over 192-row lists at
@@ -104,12 +109,13 @@ TREE_MAXED = frozenset({("plain", 64, None)})
 # than the exp2 everywhere it was measured, in one run (benchmarks/results/2026-12-03-h200-s11, call a, pin_ab.py, two
 # rounds, ms exp2 -> bytes): LTX FP8 9.30-9.34 -> 8.60-8.64 (cosine 0.99856 -> 0.99840), INT8 10.35-10.36 -> 9.08-9.09
 # (0.99924 -> 0.99907); Wan-14B FP8 27.31-27.38 -> 23.32-24.29, INT8 28.03-28.07 -> 24.16-24.48 (0.99922 -> 0.99906);
-# FP8 lists of 27 / 54 / 108 of 216 blocks at LTX 1.797 / 2.997 / 5.371 -> 1.523 / 2.503 / 4.537
+# FP8 lists of 27 / 54 / 108 of 216 blocks at LTX 1.797 / 2.997 / 5.371 -> 1.523 / 2.503 / 4.537; FP8 over 128-row
+# lists at Wan-14B (budget 0.3, selection included): 10.50 ms in call d, 8.45-8.56 in calls e and f
 BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), ("int8", 128, None), ("fp8", 64, 192),
                      ("fp8", 128, 128)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
-                                ("int8", 64, None), ("int8", 128, None)})
+                                ("fp8", 128, 128), ("int8", 64, None), ("int8", 128, None)})
 
 
 @gluon.constexpr_function
@@ -168,8 +174,8 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     S_K), masked where ``j`` is the last key block. Only ever the last visited block (the lists ascend), so the
     loop body stays free of the mask (ptxas turns the branch into selects on every element). ``TREE_MAX``: the
     row max as a tree (``_row_max``). ``BYTE_P``: P comes back as floats whose lowest byte is P's FP8 byte
-    (``_byte_p``), with no exp2 but alpha's. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on the FMA units, as
-    FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
+    (``_byte_p``), with no exp2 but alpha's. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
+    the FMA units, as FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
     benchmarks/results/2026-12-03-h200-s8, call e: plain 12.56-13.05 against 12.24-12.30 ms at LTX, FP8
     10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
     if QUANT:
@@ -203,18 +209,19 @@ BYTE_TOP = gl.constexpr(120.0)  # P's FP8 byte at the row max (``_byte_p``): 0x7
 @gluon.jit
 def _byte_p(raw, c, m_new, offset: gl.constexpr):
     """FP8 P without exp2: each score's e4m3 byte computed as an integer, X = round(8 · (x + 15)) for
-    x = (raw - offset) · c - m_new (log2 units, <= 0), clamped to [0, 128) by the FMA's saturation (scores
+    x = (raw - offset) · c - m_new (log2 units, <= 0), clamped to [0, 128] by the FMA's saturation (scores
     15 octaves below the row max become 0), and left as the lowest byte of a float by a second FMA that adds
     1.5 · 2^23. An e4m3 byte read as a number, 8 · exponent + mantissa, is 8 · (log2 of its value + 7) with
     the mantissa taken linearly between powers of two (Schraudolph's exponent trick, at e4m3's three
     mantissa bits): P = 2^(x + 8) up to a factor between 1 and 1.06 that depends on the fraction of x, and
-    the rounding to three bits the exp2's cast would make anyway (float64 emulation at LTX's shape: 1 -
-    cosine 1.62e-3 against 1.53e-3 in FP8 mode, 0.93e-3 against 0.78e-3 in INT8 mode). Why: the exp2 unit,
-    16 per clock per multiprocessor, is the quantized softmax's narrowest part (46 % of FP8's stall samples
-    at LTX's shape, benchmarks/results/2026-12-03-h200-s10); FMAs run at 128. The row sums must be the
+    the rounding to three bits the exp2's cast would make anyway (``benchmarks/fp8_error_budget.py``, float64,
+    at LTX's shape: 1 - cosine 1.65e-3 against 1.49e-3 in FP8 mode, 0.92e-3 against 0.77e-3 in INT8 mode; on
+    the H200 0.99840 against 0.99856 and 0.99907 against 0.99924). Why: the exp2 unit, 16 per clock per
+    multiprocessor, is the quantized softmax's narrowest part (46 % of FP8's stall samples at LTX's shape,
+    benchmarks/results/2026-12-03-h200-s10); FMAs run at 128. The row sums must be the
     tensor cores' (``TC_SUM``), of the bytes the product uses. Each row's shift is taken from m_new, as the
-    exp2's is, so alpha stays exp2(m_i - m_new); INT8's magic-number offset is folded into it (about 110 /
-    128 in these units, so its rounding moves X by under 1e-3)."""
+    exp2's is, so alpha stays exp2(m_i - m_new); INT8's magic-number offset is folded into it (about 110 in
+    units of X / 128 at the issue's shapes, so its fp32 rounding moves X by under 1e-3)."""
     a = c * 0.0625  # X / 128 per unit of raw
     shift = (BYTE_TOP - 8.0 * m_new) * 0.0078125 - offset * a
     return gl.inline_asm_elementwise(
@@ -264,6 +271,15 @@ def _ahead(row, KS, ks_base, i, count, j_next, SPARSE: gl.constexpr, QUANT: gl.c
     return ks_next, j_after
 
 
+@gluon.constexpr_function
+def _packed_bytes_ptx(first):
+    """The opening of an asm that packs the lowest bytes of operands $first to $first + 3 (``_byte_p``'s
+    floats) into $0, in that order: two byte permutes pair them, a third joins the pairs. The caller closes it."""
+    a, b, c, d = (f"${first + i}" for i in range(4))
+    return (f"{{ .reg .b32 lo, hi; prmt.b32 lo, {a}, {b}, 0x0040; prmt.b32 hi, {c}, {d}, 0x0040; "
+            "prmt.b32 $0, lo, hi, 0x5410;")
+
+
 @gluon.jit
 def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, BYTE_P: gl.constexpr = False):
     """P cast for the P·V product and laid out as its register operand.
@@ -276,9 +292,8 @@ def _as_operand(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, BYTE_P: gl.co
     product is unchanged. Four values go into one register by two paired conversions in one asm (the
     compiler's own cast keeps one register per byte and repacks them: byte moves in the SASS)."""
     if BYTE_P:  # the low bytes of four floats (``_byte_p``) into one register
-        return gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi; prmt.b32 lo, $1, $2, 0x0040; prmt.b32 hi, $3, $4, 0x0040; prmt.b32 $0, lo, hi, 0x5410; }",
-            "=r,r,r,r,r", [_reordered(p, o_layout)], dtype=gl.float8e4nv, is_pure=True, pack=4)
+        return gl.inline_asm_elementwise(_packed_bytes_ptx(1) + " }", "=r,r,r,r,r", [_reordered(p, o_layout)],
+                                         dtype=gl.float8e4nv, is_pure=True, pack=4)
     if pv_dtype.primitive_bitwidth == 8:
         p = _reordered(p, o_layout)
         if p.dtype == gl.float16:  # P carried at 16 bits (``_carried``, NARROW 1)
@@ -356,9 +371,8 @@ def _carried(p, pv_dtype: gl.constexpr, o_layout: gl.constexpr, NARROW: gl.const
     dead); the next step only renames them (``_operand``): one conversion per pair of values where 1
     takes two (430 instructions per step against 462 in the SASS of FP8 at head dim 64)."""
     if BYTE_P and NARROW == 2:  # the bytes of ``_byte_p``'s floats, packed as 2 packs converted ones
-        x = gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi; prmt.b32 lo, $2, $3, 0x0040; prmt.b32 hi, $4, $5, 0x0040; prmt.b32 $0, lo, hi, 0x5410;"
-            " mov.b32 $1, 0; }", "=r,=r,r,r,r,r", [_reordered(p, o_layout)], dtype=gl.float16, is_pure=True, pack=4)
+        x = gl.inline_asm_elementwise(_packed_bytes_ptx(2) + " mov.b32 $1, 0; }", "=r,=r,r,r,r,r",
+                                      [_reordered(p, o_layout)], dtype=gl.float16, is_pure=True, pack=4)
     elif pv_dtype.primitive_bitwidth == 8 and NARROW == 2:
         x = gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $3, $2; cvt.rn.satfinite.e4m3x2.f32 hi, $5, $4;"
@@ -761,7 +775,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
     ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
-    (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from one FMA instead of an exp2
+    (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from two FMAs instead of an exp2
     (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]

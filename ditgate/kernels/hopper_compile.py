@@ -74,7 +74,8 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p)  # flags as plan_launch decides
+    # the flags as plan_launch decides them
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -198,7 +199,8 @@ LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an o
                            for qk in ("plain", "fp8") for tree in (False, True)],
     # P's FP8 bytes from exp2s or from FMAs, dense at both head dims' warpgroups and over 192-row lists
     "--byte-p": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, byte_p=bytes_)
-                         for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False), ("fp8", 64, 3, True))
+                         for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False),
+                                                       ("fp8", 64, 3, True))
                          for bytes_ in (False, True)],
     # plain over 192-row lists (pinned by default), with and without the pin
     "--pin": lambda: [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)],
