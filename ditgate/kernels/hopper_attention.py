@@ -220,8 +220,10 @@ def _byte_p(raw, c, m_new, offset: gl.constexpr):
     multiprocessor, is the quantized softmax's narrowest part (46 % of FP8's stall samples at LTX's shape,
     benchmarks/results/2026-12-03-h200-s10); FMAs run at 128. The row sums must be the
     tensor cores' (``TC_SUM``), of the bytes the product uses. Each row's shift is taken from m_new, as the
-    exp2's is, so alpha stays exp2(m_i - m_new); INT8's magic-number offset is folded into it (about 110 in
-    units of X / 128 at the issue's shapes, so its fp32 rounding moves X by under 1e-3)."""
+    exp2's is, so alpha stays exp2(m_i - m_new). INT8's magic-number offset is folded into it: the shift is then
+    about offset · a, and its fp32 rounding moves every score of the row and block alike by at most 0.75 of a
+    unit of the integer product (under 1e-3 of X at the issue's shapes), where INT8's own rounding of Q and K
+    moves each score by hundreds of such units."""
     a = c * 0.0625  # X / 128 per unit of raw
     shift = (BYTE_TOP - 8.0 * m_new) * 0.0078125 - offset * a
     return gl.inline_asm_elementwise(
