@@ -257,6 +257,19 @@ def _rel(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+def _random_lists(B, H, S, rows, seed):
+    """Random ascending key-block lists (128-key blocks) per ``rows``-row query block, about 40 % of the blocks:
+    the partial tail block always visited (last, masked), the second query block of (0, 0) empty (zeros).
+    Returns (index, count, the token-level mask the lists stand for)."""
+    n_m, n = -(-S // rows), -(-S // 128)
+    keep = torch.rand(B, H, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)) < 0.4
+    keep[..., -1] = True
+    keep[0, 0, 1] = False
+    count = keep.sum(-1).to(torch.int32)
+    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    return index, count, keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ha.SCHEDULES, ids=[f"schedule{s}" for s in ha.SCHEDULES])
@@ -315,15 +328,9 @@ def test_tensor_core_row_sums_over_lists(qk, groups):
     B, H, S, D = 1, 2, 1000, 64
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=19)
-    n_m, n = -(-S // rows), -(-S // 128)
-    keep = torch.rand(B, H, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4)) < 0.4
-    keep[..., -1] = True
-    keep[0, 0, 1] = False
-    count = keep.sum(-1).to(torch.int32)
-    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    index, count, tokens = _random_lists(B, H, S, rows, seed=4)
     out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, tc_sum=True,
                               byte_p=False)
-    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
     assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
 
@@ -340,14 +347,8 @@ def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, 
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=7)
     n_m, n = -(-S // rows), -(-S // 128)
-    g = torch.Generator(device="cuda").manual_seed(3)
-    keep = torch.rand(B, H, n_m, n, device="cuda", generator=g) < 0.4
-    keep[..., -1] = True  # the partial tail block visited (last, masked)
-    keep[0, 0, 1] = False  # an empty row: zeros
-    count = keep.sum(-1).to(torch.int32)
-    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    index, count, tokens = _random_lists(B, H, S, rows, seed=3)
     out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, schedule=schedule, groups=groups)
-    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
     ref = _reference(q, k, v, tokens)
     assert _rel(out, ref) < REL_L2[qk]
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
@@ -427,13 +428,8 @@ def test_p_bytes_over_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(q
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=41)
     n_m, n = -(-S // rows), -(-S // 128)
-    keep = torch.rand(B, H, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8)) < 0.4
-    keep[..., -1] = True
-    keep[0, 0, 1] = False
-    count = keep.sum(-1).to(torch.int32)
-    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    index, count, tokens = _random_lists(B, H, S, rows, seed=8)
     out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, byte_p=True)
-    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
     assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
     every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
