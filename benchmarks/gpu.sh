@@ -50,6 +50,8 @@
 #                                        alternative (A/B, selector_ab.py); pinned list tests
 #   bash benchmarks/gpu.sh s8-final      (carry .whl, after s8-prep and join)  install; GPU tests of the forms; the
 #                                        sparse stage at LTX; FP8 against cuDNN and fa4 at LTX
+#   bash benchmarks/gpu.sh s12-pool      (carry .whl, after prep and join)  install; the sparse stage with the FP8 form
+#                                        pooling for its selection or not; fixed costs; the new GPU tests
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -197,6 +199,23 @@ s11-final)  # carry .whl, after prep and join: install; every mode as ditgate la
         | tee "$OUT/pytest-gpu.txt"
     timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "(lists_equal and schedule3) or tensor_core or tree" \
         2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-hopper.txt"
+    ;;
+s12-pool)  # carry .whl, after prep and join: install; the sparse stage at both shapes (selected and window, FP8 and
+    # plain on the Hopper schedule; the FP8 form with the selector pooling itself or its quantization pooling for it,
+    # selection and kernel timed as one call), fa4 alongside; the fixed costs (quantization, selection, the kernel
+    # alone over lists at schedules 0 and 3); the GPU tests of the shared copies and of the forms
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 300 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f ltx-2b-1216x704x257 \
+        --patterns selected window --skip-attach --consumers ditgate_fp8_hopper ditgate_fp8_hopper_192 \
+        fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper ditgate_plain_hopper_192 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -40
+    timeout 150 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --schedules 0 3 2>&1 \
+        | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -32
+    timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "selectors_sums or (p_bytes_over_lists and d128)" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-hopper.txt"
+    timeout 100 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 \
+        | tee "$OUT/pytest-gpu.txt"
     ;;
 s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
     timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \

@@ -13,6 +13,9 @@ bf16; the attach path captures the self-attention inputs of the last block throu
   warpgroups; rows "..._hopper_192", selected and timed apart), each total = selection
   + kernel, the speed-up over the best exact dense form, the selection overhead as a share of that
   form's time, and the cosine to the exact dense output (float32 reference) on the captured call;
+- for the selected pattern, the FP8 sparse form as a plan runs it, selection and kernel timed as one call:
+  "fp8_sparse_form" with the selector pooling Q and K itself, "fp8_sparse_pooled" with the form's
+  quantization pass summing them for it (``Form.pool_for_selection``; the same lists and output bits);
 - the whole path: ``attach(sparse=..., forms=["block_sparse"], measure=False)`` on the same model, the
   forward time against the host and the output cosine.
 
@@ -20,6 +23,7 @@ Random weights give near-uniform attention (no learned locality), so the cosines
 selection's quality, not what trained weights give.
 
     python benchmarks/sparse_attention.py --out DIR [--models wan-14b-480p-81f ltx-2b-1216x704x257]
+        [--patterns selected window radial] [--consumers ROW ...] [--skip-attach]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import torch
 
 import ditgate
 from ditgate.forms import AttentionInputs, create_forms
+from ditgate.forms.base import describe_call
 from ditgate.forms.sdpa import SdpaCudnn
 from ditgate.gate import compare, environment
 from ditgate.gate.timing import warm_samples
@@ -111,6 +116,9 @@ def main() -> None:
     ap.add_argument("--geometry", default="{}", help="JSON overrides of the preset's latent geometry (dry runs)")
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--triton-sweep", action="store_true", help="time the Triton schedule at eight tiles, keep the best")
+    ap.add_argument("--consumers", nargs="*", help="time only these sparse rows (names as in the table; default all)")
+    ap.add_argument("--patterns", nargs="+", default=["selected", "window", "radial"])
+    ap.add_argument("--skip-attach", action="store_true", help="leave out the whole path through attach")
     args = ap.parse_args()
     global DEVICE, BLOCK
     DEVICE, BLOCK = torch.device(args.device), args.block
@@ -186,7 +194,11 @@ def main() -> None:
         # the Hopper schedule's own query tile with lists (192 rows at head dim 64: three warpgroups)
         tall = hopper.list_rows(D) if hopper is not None and hopper.list_rows(D) != BLOCK else None
         flex = forms["flex"]
-        for pattern in ("selected", "window", "radial"):
+        fp8_form = create_forms(["fp8_sparse"])["fp8_sparse"]
+        call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability()
+                             if DEVICE.type == "cuda" else None)
+        form_rows = fp8_form.selection_rows(call, BLOCK) or BLOCK
+        for pattern in args.patterns:
             for budget in BUDGETS:
                 selections = {}  # query rows per tile -> (lists, selection ms)
                 for q_rows in (BLOCK, tall) if tall else (BLOCK,):
@@ -225,8 +237,28 @@ def main() -> None:
                     consumers["flex"] = (BLOCK, lambda: flex.run(x))
                 if forms["fa4_sparse"].availability().available:
                     consumers["fa4_sparse"] = (BLOCK, lambda: forms["fa4_sparse"].run(x))
+                whole = {}  # selection and kernel timed as one call, through the FP8 sparse form as a plan runs it
+                if pattern == "selected" and fp8_form.availability().available:
+                    def own_pooling(budget=budget):  # the selector reads Q and K for its tile means
+                        sel = selector.select(q, k, layout, budget, form_rows)
+                        return fp8_form.run(AttentionInputs(q, k, v, attn_mask=sel, scale=scale))
+
+                    def form_pooling(budget=budget):  # the form's quantization pass sums them (pool_for_selection)
+                        made = []
+
+                        def pooled():
+                            tiles = fp8_form.pool_for_selection(call, AttentionInputs(q, k, v, scale=scale),
+                                                                form_rows, BLOCK)
+                            made.append(tiles.prepared)
+                            return tiles.query, tiles.key
+                        sel = selector.select(q, k, layout, budget, form_rows, pooled)
+                        return fp8_form.run(AttentionInputs(q, k, v, attn_mask=sel, scale=scale, prepared=made[0]))
+                    whole = {"fp8_sparse_form": own_pooling, "fp8_sparse_pooled": form_pooling}
+                    consumers.update({n: (form_rows, fn) for n, fn in whole.items()})
+                if args.consumers:
+                    consumers = {n: c for n, c in consumers.items() if n in args.consumers}
                 for cname, (q_rows, fn) in consumers.items():
-                    tiles_ms = selections[q_rows][1]
+                    tiles_ms = 0.0 if cname in whole else selections[q_rows][1]  # inside the timed call there
                     try:
                         ms = bench(fn)
                         cos = compare(fn().float(), ref).cosine
@@ -239,6 +271,10 @@ def main() -> None:
                         query_rows=q_rows, ms=ms, selection_ms=tiles_ms, total_ms=total, x_best_exact=best_ms / total,
                         best_exact=best_name, selection_share=tiles_ms / best_ms, cosine=cos)
         save()
+        if args.skip_attach:
+            del model, q, k, v, ref, cap
+            torch.cuda.empty_cache()
+            continue
         # the whole path: attach with a sparse setting, forced onto ditgate's plain kernel
         setting = ditgate.SparseSetting(ditgate.BudgetSchedule(0.3, dense_steps=0, dense_layers=0), block=BLOCK)
         with torch.no_grad():

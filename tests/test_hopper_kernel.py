@@ -440,6 +440,24 @@ def test_p_bytes_over_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(q
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["fp8", "int8"])
+@pytest.mark.parametrize("D, groups", [(64, 3), (128, 2)], ids=["d64-192-rows", "d128-128-rows"])
+def test_copies_made_with_the_selectors_sums_give_the_same_bits(qk, D, groups):
+    """The copies a sparse form makes while pooling for the selector (``quantize_for_schedule(sums=True)``)
+    are the ones the schedule would make: the same output bits over lists; copies for another launch refused."""
+    B, H, S = 1, 2, 1000
+    q, k, v = _qkv(B, H, H, S, S, D, seed=43)
+    index, count, _ = _random_lists(B, H, S, 64 * groups, seed=9)
+    kw = dict(qk=qk, kv_index=index, kv_count=count, groups=groups)
+    made = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, sums=True)
+    assert made.q_sums is not None
+    assert torch.equal(ha.hopper_attention(q, k, v, prepared=made, **kw), ha.hopper_attention(q, k, v, **kw))
+    with pytest.raises(ValueError, match="prepared copies"):
+        ha.hopper_attention(q, k, v, prepared=ha.quantize_for_schedule(q, k, v, qk, 0.5), **kw)
+
+
+@gpu
+@pytest.mark.gpu
 def test_refuses_what_it_cannot_read():
     q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="storage"):

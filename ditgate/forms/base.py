@@ -195,6 +195,19 @@ class AttentionInputs:
     is_causal: bool = False
     dropout_p: float = 0.0
     enable_gqa: bool = False
+    # what a block-sparse form made of these tensors while the selector pooled them (its quantized copies:
+    # ``Form.pool_for_selection``), handed back to that form's ``run`` so that it does not make them again
+    prepared: object = None
+
+
+@dataclass(frozen=True)
+class PooledTiles:
+    """A block-sparse form's answer to ``pool_for_selection``: the selector's pooled tiles, made in a pass
+    over Q and K that the form makes anyway, and what else that pass made for the form's own run."""
+
+    query: torch.Tensor  # float32 [B, H, query tiles, D]: each tile's mean
+    key: torch.Tensor  # float32 [B, Hkv, key tiles, D]
+    prepared: object  # back to the form as ``AttentionInputs.prepared``
 
 
 class Form:
@@ -243,6 +256,13 @@ class Form:
         """For a block-sparse consumer: the query rows per tile it wants its selection in, the key tiles
         being ``block`` rows (a kernel whose program covers more query rows than that asks for taller
         tiles), or None for the sparse setting's square tiles."""
+        return None
+
+    def pool_for_selection(self, call: AttentionCall, inputs: AttentionInputs, rows: int,
+                           block: int) -> PooledTiles | None:
+        """For a block-sparse consumer that reads all of Q and K before its kernel anyway (to quantize them):
+        the tile means the selector needs (``rows`` query rows, ``block`` keys per tile) from that same
+        read, and what it made, or None to let the selector pool for itself."""
         return None
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
+from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, PooledTiles, Precision
 from .workspace import WorkspacePool
 
 # Measured on an H200 (benchmarks/results/2026-12-02-h200/quant-kernel.json; the Hopper schedule, whose P bytes come
@@ -86,39 +86,70 @@ class _QuantForm(Form):
             return None
         return rows
 
-    def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        q = inputs.query
+    def _buffers(self, device: torch.device):
+        """The workspace for this form's quantized copies, pooled across the plan's sites."""
         if self._pool is None:
             self._pool = WorkspacePool()
         pool, variant = self._pool, self.name
 
         def buffers(shape, dtype, name):
-            return pool.get(shape, dtype, q.device, f"{variant}:{name}")
+            return pool.get(shape, dtype, device, f"{variant}:{name}")
 
+        return buffers
+
+    def _triton_config(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int, block: int):
+        """The Triton schedule's tiles for lists of ``rows`` x ``block`` tiles: query blocks of
+        gcd(rows, block) rows (a 192 x 128 selection is served as 64-row blocks, each with its tile's list)."""
+        config = self._kernel.default_config(q.shape[3], q.device.type, self.qk, block, tensors=(q, k, v))
+        return dataclasses.replace(config, block_m=math.gcd(rows, block))
+
+    def _on_hopper(self, q, k, v, shape: tuple[int, int] | None) -> bool:
+        return self._hopper is not None and self._hopper.serves(q, k, v, self.qk, shape)
+
+    def pool_for_selection(self, call: AttentionCall, inputs: AttentionInputs, rows: int,
+                           block: int) -> PooledTiles | None:
+        """The quantized sparse forms quantize Q and K for their kernel anyway: that pass also sums each
+        block's rows (``quantize(sums=True)``), so the selector's tile means cost no read of their own
+        (two passes over Q and K at Wan-14B's 40 x 32760 x 128 took 0.26 ms of a 0.36 ms selection on
+        the H200: benchmarks/results/2026-12-03-h200-s8). The copies ride to ``run``. Plain mode reads
+        the host's tensors in place, with nothing to share: None."""
+        if not self.sparse or self.qk == "plain" or self.not_supported_reasons(
+                dataclasses.replace(call, mask=MaskKind.BLOCK)):
+            return None  # nothing to share, or a call this form will refuse (it must not fail here)
+        q, k, v = inputs.query, inputs.key, inputs.value
+        scale = q.shape[3] ** -0.5 if inputs.scale is None else float(inputs.scale)
+        buffers = self._buffers(q.device)
+        if self._on_hopper(q, k, v, (rows, block)):
+            qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True)
+        else:
+            qz = self._kernel.quantize(q, k, v, self.qk, scale, self._triton_config(q, k, v, rows, block), buffers,
+                                       sums=True)
+        query, key = qz.tile_means(rows, q.shape[2], k.shape[2])
+        return PooledTiles(query, key, qz)
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        q = inputs.query
+        buffers = self._buffers(q.device)
         lists = None
         if self.sparse:
             lists = inputs.attn_mask
             if not isinstance(lists, self._kernel.KeyBlockLists):
                 raise TypeError(f"{self.name} needs KeyBlockLists as the mask, got {type(lists).__name__}")
+        prepared = inputs.prepared if isinstance(inputs.prepared, self._kernel.Quantized) else None
         hopper = self._hopper
         shape = (lists.block_m, lists.block_n) if lists is not None else None
-        if hopper is not None and hopper.serves(q, inputs.key, inputs.value, self.qk, shape):
+        if self._on_hopper(q, inputs.key, inputs.value, shape):
             kw = {} if lists is None else dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
                                                groups=lists.block_m // hopper.ROWS_HALF)
             return hopper.hopper_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                           buffers=buffers, **kw)
+                                           buffers=buffers, prepared=prepared, **kw)
         kw = {}
         if lists is not None:
-            # taller query blocks than key blocks (192 x 128) split into blocks the Triton kernel tiles
-            # by (64 x 128), each with its block's list: the same token mask
-            rows = math.gcd(lists.block_m, lists.block_n)
-            lists = lists.refine_queries(lists.block_m // rows, q.shape[2])
-            config = self._kernel.default_config(q.shape[3], q.device.type, self.qk, lists.block_n,
-                                                 tensors=(q, inputs.key, inputs.value))
-            kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
-                      config=dataclasses.replace(config, block_m=lists.block_m))
+            config = self._triton_config(q, inputs.key, inputs.value, lists.block_m, lists.block_n)
+            lists = lists.refine_queries(lists.block_m // config.block_m, q.shape[2])
+            kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count, config=config)
         return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                            buffers=buffers, **kw)
+                                            buffers=buffers, prepared=prepared, **kw)
 
     def resident_bytes(self) -> int:
         return self._pool.bytes() if self._pool is not None else 0

@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .quant_attention import LOG2E, QK_MODES, KernelConfig, quantize
+from .quant_attention import LOG2E, QK_MODES, KernelConfig, Quantized, checked_prepared, quantize
 
 HALF = gl.constexpr(64)
 # key rows per stage. 256 (dense quantized calls, two warpgroups; commit 4dcb3b0) lost on the H200 in one run
@@ -835,14 +835,23 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     return Launch((n_m, B * H), args, flags)
 
 
+def quantize_for_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, scale: float, buffers=None,
+                          sums: bool = False) -> Quantized:
+    """The quantized copies this schedule reads: Q scales per 64 rows (one per consumer warpgroup), K per
+    128 keys, V in P's key order; ``sums``: Q's column sums too (``quantize``)."""
+    return quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers, permute_v=True, sums=sums)
+
+
 def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
                      scale: float | None = None, kv_index: torch.Tensor | None = None,
                      kv_count: torch.Tensor | None = None, stages: int | None = None,
                      schedule: int | None = None, groups: int | None = None, buffers=None,
                      out: torch.Tensor | None = None, pin: bool | None = None,
                      tc_sum: bool | None = None, narrow: int | None = None,
-                     tree_max: bool | None = None, byte_p: bool | None = None) -> torch.Tensor:
+                     tree_max: bool | None = None, byte_p: bool | None = None,
+                     prepared: Quantized | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
+    ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
     rows: lists per 128 query rows take 2 (the default with lists), per 192 rows 3."""
@@ -872,8 +881,10 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                              f"blocks ({groups} warpgroups)")
         kv_index = kv_index.to(torch.int32).contiguous()
         kv_count = kv_count.to(torch.int32).contiguous()
-    qz = None if qk == "plain" else quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers,
-                                              permute_v=True)
+    qz = None
+    if qk != "plain":
+        qz = checked_prepared(prepared, qk, scale, ROWS_HALF, ROWS_K, True) or quantize_for_schedule(
+            q, k, v, qk, scale, buffers)
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,

@@ -53,11 +53,14 @@ def _load_row_block(X, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
-def _quant_rows_kernel(X, OUT, SCALE, MEAN, sxb, sxh, sxs, sxd, H, S, S_PAD, n_blocks, mult,
+def _quant_rows_kernel(X, OUT, SCALE, MEAN, SUMS, sxb, sxh, sxs, sxd, H, S, S_PAD, n_blocks, mult,
                        D: tl.constexpr, BLOCK: tl.constexpr, HAS_MEAN: tl.constexpr, TO_INT8: tl.constexpr,
-                       QMAX: tl.constexpr):
-    """One program per (b·h, row block): absmax scale, quantize, store padded contiguous rows."""
+                       QMAX: tl.constexpr, HAS_SUMS: tl.constexpr):
+    """One program per (b·h, row block): absmax scale, quantize, store padded contiguous rows.
+    ``HAS_SUMS``: also the block's column sums in float32 (the selector's pooled tiles, from this read)."""
     x, blk, bh, rows, cols, valid = _load_row_block(X, sxb, sxh, sxs, sxd, H, S, D, BLOCK)
+    if HAS_SUMS:
+        tl.store(SUMS + (bh * n_blocks + blk) * D + cols, tl.sum(x, axis=0))
     if HAS_MEAN:
         mean = tl.load(MEAN + bh * D + cols)
         x = tl.where(valid, x - mean[None, :], 0.0)
@@ -71,6 +74,19 @@ def _quant_rows_kernel(X, OUT, SCALE, MEAN, sxb, sxh, sxs, sxd, H, S, S_PAD, n_b
     else:
         tl.store(out_ptrs, y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
     tl.store(SCALE + bh * n_blocks + blk, scale * mult)
+
+
+@triton.jit
+def _kv_stats_kernel(K, V, K_SUMS, V_MAX, skb, skh, sks, skd, svb, svh, svs, svd, H, S, n_blocks,
+                     D: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (b·h, key block): the block's column sums of K (float32; K's mean over the sequence
+    and the selector's pooled key tiles both come from them) and column absmax of V (V's per-channel scale),
+    in one read of each where ``k.mean`` and ``aminmax`` were a launch and a pass apiece."""
+    k, blk, bh, rows, cols, valid = _load_row_block(K, skb, skh, sks, skd, H, S, D, BLOCK)
+    v, _, _, _, _, _ = _load_row_block(V, svb, svh, svs, svd, H, S, D, BLOCK)
+    at = (bh * n_blocks + blk) * D + cols
+    tl.store(K_SUMS + at, tl.sum(k, axis=0))
+    tl.store(V_MAX + at, tl.max(tl.abs(v), axis=0))
 
 
 @triton.jit
@@ -269,6 +285,8 @@ def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int 
 
 @dataclass(frozen=True)
 class Quantized:
+    """The 8-bit copies one call's kernel reads, and how they were made (``matches``)."""
+
     q: torch.Tensor
     q_scale: torch.Tensor
     k: torch.Tensor
@@ -277,15 +295,52 @@ class Quantized:
     v_scale: torch.Tensor
     sq_pad: int
     sk_pad: int
+    qk: str = "fp8"
+    scale: float = 1.0
+    block_m: int = 128  # query rows per Q scale (and per row of ``q_sums``)
+    block_n: int = 128  # key rows per K scale (and per row of ``k_sums``)
+    permuted_v: bool = False
+    k_sums: torch.Tensor | None = None  # float32 [B, HK, n_n, D]: each key block's column sums (before smoothing)
+    q_sums: torch.Tensor | None = None  # float32 [B, H, n_m, D] where asked for (``quantize(sums=True)``)
+
+    def matches(self, qk: str, scale: float, block_m: int, block_n: int, permuted_v: bool) -> bool:
+        """Whether these copies are what a kernel launched with these settings would make itself."""
+        return (self.qk, self.scale, self.block_m, self.block_n, self.permuted_v) == (qk, scale, block_m, block_n,
+                                                                                      permuted_v)
+
+    def tile_means(self, rows: int, seq_q: int, seq_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 means of Q per ``rows`` query rows ([B, H, n, D]) and of K per ``block_n`` keys ([B, HK, n_n, D]),
+        the partial last tiles by their real row counts: the selector's pooled tiles, from the sums this
+        quantization wrote while it read Q and K anyway. ``rows`` must be a multiple of ``block_m``."""
+        if self.q_sums is None or self.k_sums is None:
+            raise ValueError("these copies were made without the sums (quantize(..., sums=True))")
+        if rows % self.block_m:
+            raise ValueError(f"query tiles of {rows} rows are not whole blocks of {self.block_m}")
+        return _means(self.q_sums, self.block_m, rows, seq_q), _means(self.k_sums, self.block_n, self.block_n, seq_k)
+
+
+def _means(sums: torch.Tensor, block: int, rows: int, length: int) -> torch.Tensor:
+    """Means per ``rows`` rows of a sequence of ``length`` rows from its column sums per ``block`` rows."""
+    B, H, n_blocks, D = sums.shape
+    group = rows // block
+    n = _cdiv(length, rows)
+    if n * group != n_blocks:  # the last tile holds fewer blocks: pad with zero sums
+        sums = torch.nn.functional.pad(sums, (0, 0, 0, n * group - n_blocks))
+    total = sums.view(B, H, n, group, D).sum(3)
+    counts = torch.clamp(length - torch.arange(n, device=sums.device) * rows, max=rows).to(torch.float32)
+    return total / counts[:, None]
 
 
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False) -> Quantized:
-    """One pass each over Q and K (plus K's mean) and over V (plus its channel absmax). ``permute_v``:
-    V's keys in the Hopper schedule's P order (see ``_quant_v_kernel``)."""
+def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
+             sums: bool = False) -> Quantized:
+    """One pass over K and V for K's column sums (its mean) and V's channel absmax, then one pass each over
+    Q, K and V to quantize them. ``permute_v``: V's keys in the Hopper schedule's P order (see
+    ``_quant_v_kernel``). ``sums``: Q's column sums per query block as well, written by the pass that
+    quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without reading Q and K again)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -298,21 +353,38 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     vt8 = get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt")
     qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
     ks = torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device)
-    k_mean = k.mean(dim=2, dtype=torch.float32).reshape(B * HK, D).contiguous()
-    v_min, v_max = torch.aminmax(v, dim=2)  # one pass over V
-    v_absmax = torch.maximum(v_max, -v_min).float().reshape(B * HK, D)
-    v_scale = (v_absmax / FP8_MAX).clamp_min(1e-20).contiguous()
+    k_sums = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
+    v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
+    q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
+    _kv_stats_kernel[(n_n, B * HK)](k, v, k_sums, v_max, *k.stride(), *v.stride(), HK, SK, n_n, D=D,
+                                    BLOCK=cfg.block_n)
+    k_mean = (k_sums.sum(2) / SK).reshape(B * HK, D).contiguous()
+    v_scale = (v_max.amax(2).reshape(B * HK, D) / FP8_MAX).clamp_min(1e-20).contiguous()
     to_int8 = qk == "int8"
-    _quant_rows_kernel[(n_m, B * H)](q, q8, qs, qs, *q.stride(), H, SQ, sq_pad, n_m, scale * LOG2E,
-                                     D=D, BLOCK=cfg.block_m, HAS_MEAN=False, TO_INT8=to_int8, QMAX=qmax)
-    _quant_rows_kernel[(n_n, B * HK)](k, k8, ks, k_mean, *k.stride(), HK, SK, sk_pad, n_n, 1.0,
-                                      D=D, BLOCK=cfg.block_n, HAS_MEAN=True, TO_INT8=to_int8, QMAX=qmax)
+    _quant_rows_kernel[(n_m, B * H)](q, q8, qs, qs, q_sums, *q.stride(), H, SQ, sq_pad, n_m, scale * LOG2E,
+                                     D=D, BLOCK=cfg.block_m, HAS_MEAN=False, TO_INT8=to_int8, QMAX=qmax,
+                                     HAS_SUMS=sums)
+    _quant_rows_kernel[(n_n, B * HK)](k, k8, ks, k_mean, ks, *k.stride(), HK, SK, sk_pad, n_n, 1.0,
+                                      D=D, BLOCK=cfg.block_n, HAS_MEAN=True, TO_INT8=to_int8, QMAX=qmax,
+                                      HAS_SUMS=False)
     _quant_v_kernel[(n_n, B * HK)](v, vt8, v_scale, *v.stride(), HK, SK, sk_pad, D=D, BLOCK=cfg.block_n,
                                    PERMUTE=permute_v)
-    return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad)
+    return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
+                     permute_v, k_sums, q_sums if sums else None)
 
 
 QK_MODES = ("fp8", "int8", "plain")
+
+
+def checked_prepared(prepared: Quantized | None, qk: str, scale: float, block_m: int, block_n: int,
+                     permuted_v: bool) -> Quantized | None:
+    """``prepared`` if it is what this launch would quantize itself; a mismatch is the caller's bug, refused."""
+    if prepared is not None and not prepared.matches(qk, scale, block_m, block_n, permuted_v):
+        made = (prepared.qk, prepared.scale, prepared.block_m, prepared.block_n, prepared.permuted_v)
+        needed = (qk, scale, block_m, block_n, permuted_v)
+        raise ValueError(f"prepared copies were made for {made}, this launch needs {needed} (qk, scale, block_m, "
+                         "block_n, V permuted)")
+    return prepared
 
 
 def descriptor_ready(*tensors: torch.Tensor) -> bool:
@@ -335,14 +407,16 @@ def _host_descriptor(t: torch.Tensor, rows: int):
 def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
                     scale: float | None = None, kv_index: torch.Tensor | None = None,
                     kv_count: torch.Tensor | None = None, config: KernelConfig | None = None,
-                    buffers=None, out: torch.Tensor | None = None) -> torch.Tensor:
+                    buffers=None, out: torch.Tensor | None = None, prepared: Quantized | None = None) -> torch.Tensor:
     """Non-causal attention over B, H, S, D tensors (any strides).
 
     qk: "fp8" (FP8 Q·Kᵀ, FP8 P·V), "int8" (INT8 Q·Kᵀ, FP8 P·V), or "plain" (no quantization: the
     host's bf16/fp16 tensors read in place through their strides, P in the same dtype, FP32
     accumulation: the same block-sparse loop at the host's precision). kv_index: int32 [B, H,
     ceil(Sq / block_m), L] key-block ids per query block, each row's first kv_count entries ascending;
-    kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit. Both or neither.
+    kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit. Both or neither. prepared: this call's
+    quantized copies, made already (``quantize`` with ``config``'s blocks, as the sparse forms do while
+    the selector pools); checked to match, never remade.
     """
     if qk not in QK_MODES:
         raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
@@ -377,7 +451,8 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
         kv_count = kv_count.to(torch.int32).contiguous()
         max_list = kv_index.shape[3]
     if quant:
-        qz = quantize(q, k, v, qk, scale, cfg, buffers)
+        qz = checked_prepared(prepared, qk, scale, cfg.block_m, cfg.block_n, False) or quantize(q, k, v, qk, scale,
+                                                                                              cfg, buffers)
         q_arg, k_arg, v_arg = qz.q, qz.k, qz.vt
         scales = (qz.q_scale, qz.k_scale, qz.v_scale)
         pads = (qz.sq_pad, qz.sk_pad)

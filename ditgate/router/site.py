@@ -99,18 +99,23 @@ class SiteRouter:
 
         Returns the call and inputs the form is to see, and a reason when there is no selection (the
         call then stays dense: on the host when serving, a refusal when measuring). Other forms get
-        the call unchanged.
+        the call unchanged. A consumer that quantizes Q and K pools them for the selector in that same
+        pass (``Form.pool_for_selection``); what it made rides along as ``AttentionInputs.prepared``.
         """
         if not form.spec.takes_selection or call.mask is not MaskKind.NONE:
             return call, inputs, ""
         stage = self.context.sparse
         if stage is None:
             return call, inputs, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))"
+        block = stage.setting.block
+        rows = form.selection_rows(call, block)
         sel = stage.selection(self.name, self.module_path, self.role or self.role_hint, inputs.query, inputs.key,
-                              measuring, rows=form.selection_rows(call, stage.setting.block))
+                              measuring, rows=rows,
+                              pool=lambda: form.pool_for_selection(call, inputs, rows or block, block))
         if sel.lists is None:
             return call, inputs, f"sparse: {sel.reason}"
-        return (dataclasses.replace(call, mask=MaskKind.BLOCK), dataclasses.replace(inputs, attn_mask=sel.lists), "")
+        return (dataclasses.replace(call, mask=MaskKind.BLOCK),
+                dataclasses.replace(inputs, attn_mask=sel.lists, prepared=sel.prepared), "")
 
     # --- the call path ---------------------------------------------------------------------------
     def _observe(self, call: AttentionCall, route: str, reason: str) -> None:

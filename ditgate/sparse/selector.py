@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -98,9 +99,13 @@ class TileSelector:
         return max(1, geo.diagonal, min(c, math.ceil(budget * c - 1e-9)))
 
     def select(self, q: torch.Tensor, k: torch.Tensor, layout: TokenLayout, budget: float,
-               rows: int | None = None) -> KeyBlockLists | None:
+               rows: int | None = None, pooled: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+               ) -> KeyBlockLists | None:
         """Lists for B, H, S, D ``q`` and B, Hkv, S, D ``k`` of one self-attention call; None means dense.
-        ``rows``: query rows per tile (by default the key tile's ``block``)."""
+        ``rows``: query rows per tile (by default the key tile's ``block``). ``pooled``: gives the float32
+        tile means of Q ([B, H, query tiles, D]) and K ([B, Hkv, key tiles, D]) in place of this
+        selector's pooling, called only when the budget leaves something to select (a consumer that reads
+        Q and K anyway, to quantize them, pools in the same pass: ``Form.pool_for_selection``)."""
         B, H, S, D = q.shape
         HK = k.shape[1]
         if k.shape[2] != S or S != layout.length:
@@ -114,14 +119,18 @@ class TileSelector:
             return None
         n_m, n = geo.n_rows, geo.n_cols
         counts = self._counts(layout, q.device, keep, rows, B, H)
+        given = pooled() if pooled is not None else None
+        if given is not None and (given[0].shape != (B, H, n_m, D) or given[1].shape != (B, HK, n, D)):
+            raise ValueError(f"pooled tiles must be [{B}, {H}, {n_m}, {D}] and [{B}, {HK}, {n}, {D}], got "
+                             f"{list(given[0].shape)} and {list(given[1].shape)}")
         if self._use_kernels(q):
             from ..kernels import tile_select
 
-            qp, kp = tile_select.pool_tiles(q, rows), tile_select.pool_tiles(k, self.block)
+            qp, kp = given or (tile_select.pool_tiles(q, rows), tile_select.pool_tiles(k, self.block))
             scores = torch.matmul(qp.view(B, HK, H // HK * n_m, D), kp.transpose(-1, -2)).view(B, H, n_m, n)
             index = tile_select.choose_and_list(scores, geo.fixed_i8, geo.fixed_score, geo.always_i8, keep, geo.width)
             return KeyBlockLists(index, counts, rows, self.block)
-        qp, kp = _pool(q, rows, n_m), _pool(k, self.block, n)
+        qp, kp = given or (_pool(q, rows, n_m), _pool(k, self.block, n))
         scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n_m, D), kp).reshape(B, H, n_m, n)
         scores = torch.where(geo.fixed, geo.fixed_score, scores)  # only video key tiles compete; diagonal wins
         chosen = self._best(scores, keep)  # [B, H, n_m, keep], video tiles only

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..forms import SPARSE_PRIORITY
+from ..forms.base import PooledTiles
 from ..kernels.lists import KeyBlockLists
 from .families import ForwardLayouts, layouts_of_forward
 from .layout import TokenLayout
@@ -67,6 +69,7 @@ class Selection:
     lists: KeyBlockLists | None
     budget: float
     reason: str = ""  # why dense, when lists is None
+    prepared: object = None  # what the consumer made while pooling for the selector (``PooledTiles.prepared``)
 
 
 def _layer_keys(paths: list[str]) -> dict[str, int]:
@@ -111,9 +114,11 @@ class SparseStage:
 
     # --- per call ----------------------------------------------------------------------------------
     def selection(self, site_name: str, module_path: str, role: str, q: torch.Tensor, k: torch.Tensor,
-                  measuring: bool, rows: int | None = None) -> Selection:
+                  measuring: bool, rows: int | None = None,
+                  pool: Callable[[], PooledTiles | None] | None = None) -> Selection:
         """``rows``: query rows per tile, for a consumer that asks for tiles taller than the setting's
-        ``block`` (``Form.selection_rows``); the key tiles stay ``block``."""
+        ``block`` (``Form.selection_rows``); the key tiles stay ``block``. ``pool``: the consumer's
+        ``pool_for_selection``, asked only when tiles are to be selected from scores."""
         schedule = self.setting.schedule
         measuring = measuring or self.checking
         denoiser = self._denoiser_of.get(module_path)
@@ -137,8 +142,17 @@ class SparseStage:
             return Selection(None, 1.0, f"dense at step {step} (schedule)")
         if self.selector.geometry(layout, torch.device("cpu")).candidates < 2:
             return self._dense(site_name, q, f"fewer than two whole video tiles of {self.setting.block} tokens", budget)
+        made = []  # what the consumer's pooling made, if it pooled
+
+        def pooled():
+            tiles = pool()
+            if tiles is None:
+                return None
+            made.append(tiles.prepared)
+            return tiles.query, tiles.key
+
         if self.setting.pattern == SELECTED:
-            lists = self.selector.select(q, k, layout, budget, rows)
+            lists = self.selector.select(q, k, layout, budget, rows, pooled if pool is not None else None)
         elif layout.grid is None:
             return self._dense(site_name, q, f"the {self.setting.pattern} pattern needs the latent grid, "
                                              f"which {layout.source or 'this layout'} does not give", budget)
@@ -146,7 +160,7 @@ class SparseStage:
             lists = self._static(layout, budget, q, rows)
         if lists is None:
             return Selection(None, budget, f"budget {budget} keeps every tile")
-        return Selection(lists, budget)
+        return Selection(lists, budget, prepared=made[0] if made else None)
 
     def _static(self, layout: TokenLayout, budget: float, q: torch.Tensor, rows: int | None) -> KeyBlockLists:
         rows = rows or self.setting.block

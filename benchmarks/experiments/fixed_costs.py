@@ -1,0 +1,115 @@
+"""Where a quantized block-sparse call's time goes besides its key blocks, on the GPU, at the Wan-14B and LTX
+long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage, FP8):
+
+- ``quantize_for_schedule`` alone, without and with the selector's sums (``sums=True``);
+- the selection alone: the selector pooling Q and K itself, and from tile means given (what is left of it
+  when the form's quantization pass pools);
+- the Hopper kernel alone (copies made beforehand, launched from ``plan_launch``) over random ascending lists
+  of L key blocks per query block and dense; a least-squares line through the list times gives the cost per
+  key block and the part that does not grow with L (per-program prologue and epilogue, launch).
+
+    python benchmarks/experiments/fixed_costs.py --out DIR [--shapes ltx wan] [--schedules 0 3]
+
+``triton.testing.do_bench`` medians; prints a table last, writes fixed-costs.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from ditgate.kernels import hopper_attention as ha
+from ditgate.sparse.layout import TokenLayout
+from ditgate.sparse.selector import TileSelector
+
+SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, sequence, head dim, warpgroups
+FRACTIONS = (0.125, 0.25, 0.3, 0.5, 1.0)
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="ditgate-out")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--schedules", nargs="+", type=int, default=[None], help="kernel rows per schedule (default: as "
+                    "ditgate launches it)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def record(**row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "fixed-costs.json").write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "command": "python benchmarks/experiments/fixed_costs.py " +
+            " ".join(sys.argv[1:]), "rows": rows}, indent=1))
+
+    for shape in args.shapes:
+        h, s, d, groups = SHAPES[shape]
+        rows_q = 64 * groups
+        q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+        scale = d ** -0.5
+        for sums in (False, True):
+            record(shape=shape, part=f"quantize (sums={sums})",
+                   ms=bench(lambda sums=sums: ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=sums)))
+        qz = ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=True)
+        layout = TokenLayout.video_then(s)
+        selector = TileSelector(ha.ROWS_K)
+        means = qz.tile_means(rows_q, s, s)
+        record(shape=shape, part="selection, pooling Q and K itself",
+               ms=bench(lambda: selector.select(q, k, layout, 0.3, rows_q)))
+        record(shape=shape, part="selection from given tile means",
+               ms=bench(lambda: selector.select(q, k, layout, 0.3, rows_q, lambda: means)))
+        record(shape=shape, part="tile means from the sums", ms=bench(lambda: qz.tile_means(rows_q, s, s)))
+        n_m, n = -(-s // rows_q), -(-s // ha.ROWS_K)
+        o = torch.empty_like(q)
+        lists = {}
+        g = torch.Generator(device="cuda").manual_seed(7)
+        for fraction in FRACTIONS:
+            keep = max(1, round(fraction * n))
+            index = torch.argsort(torch.rand(1, h, n_m, n, device="cuda", generator=g), -1)[..., :keep]
+            lists[keep] = (index.sort(-1).values.to(torch.int32).contiguous(),
+                           torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda"))
+        for schedule in args.schedules:
+            dense = ha.plan_launch(q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule)
+            record(shape=shape, part="kernel alone, dense", schedule=schedule, blocks=n,
+                   ms=bench(lambda: ha._hopper_attn_kernel[dense.grid](*dense.args, **dense.flags, num_warps=4)))
+            points = []
+            for keep, (index, count) in lists.items():
+                launch = ha.plan_launch(q, k, v, "fp8", scale, o, qz, index, count, groups=groups, schedule=schedule)
+                ms = bench(lambda launch=launch: ha._hopper_attn_kernel[launch.grid](*launch.args, **launch.flags,
+                                                                                    num_warps=4))
+                points.append((keep, ms))
+                record(shape=shape, part="kernel alone, lists", schedule=schedule, blocks=keep, ms=ms)
+            xs = torch.tensor([p[0] for p in points], dtype=torch.float64)
+            ys = torch.tensor([p[1] for p in points], dtype=torch.float64)
+            slope = (((xs - xs.mean()) * (ys - ys.mean())).sum() / ((xs - xs.mean()) ** 2).sum()).item()
+            intercept = (ys.mean() - slope * xs.mean()).item()
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            record(shape=shape, part="fit over the lists", schedule=schedule, ms_per_block=slope, fixed_ms=intercept,
+                   programs=n_m * h, fixed_us_per_program_per_sm=intercept * 1e3 * sms / (n_m * h))
+        del q, k, v, qz, o
+        torch.cuda.empty_cache()
+    print(f"{'shape':<6}{'part':<40}{'sched':>6}{'blocks':>7}{'ms':>9}")
+    for r in rows:
+        sched = "" if r.get("schedule") is None else r["schedule"]
+        if "ms" in r:
+            print(f"{r['shape']:<6}{r['part']:<40}{sched:>6}{r.get('blocks', ''):>7}{r['ms']:>9.3f}")
+        else:
+            print(f"{r['shape']:<6}{r['part']:<40}{sched:>6} {r['ms_per_block']:.4f} ms/block + {r['fixed_ms']:.3f} ms "
+                  f"({r['fixed_us_per_program_per_sm']:.2f} us per program per SM)")
+
+
+if __name__ == "__main__":
+    main()
