@@ -52,6 +52,8 @@
 #                                        sparse stage at LTX; FP8 against cuDNN and fa4 at LTX
 #   bash benchmarks/gpu.sh s12-pool      (carry .whl, after prep and join)  install; the sparse stage with the FP8 form
 #                                        pooling for its selection or not; fixed costs; the new GPU tests
+#   bash benchmarks/gpu.sh s12-final     (carry .whl, after prep and join)  install; the list loads ahead of the stage
+#                                        wait against the kernel before (A/B); fixed costs; the sparse stage; GPU tests
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -216,6 +218,23 @@ s12-pool)  # carry .whl, after prep and join: install; the sparse stage at both 
         2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-hopper.txt"
     timeout 100 python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -4 \
         | tee "$OUT/pytest-gpu.txt"
+    ;;
+s12-final)  # carry .whl, after prep and join: install; FP8 lists at LTX with the producer's list loads ahead of its
+    # stage waits against the kernel of 1d9413e ("before", written beside pin_ab.py by the caller); the fixed costs;
+    # the sparse stage at both shapes with fa4 (the form pooling for its selection or not); GPU tests
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 120 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx --modes fp8 --list-lengths 65 216 \
+        --variants default before --before benchmarks/experiments/hopper_attention_before.py 2>&1 \
+        | tee "$OUT/pin-ab.log" | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -12
+    timeout 100 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" 2>&1 | tee "$OUT/fixed-costs.log" \
+        | grep -v "^{" | tail -20
+    timeout 260 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f ltx-2b-1216x704x257 \
+        --patterns selected window --skip-attach --consumers ditgate_fp8_hopper ditgate_fp8_hopper_192 \
+        fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper ditgate_plain_hopper_192 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -44
+    timeout 90 python3 -m pytest -q tests/test_hopper_kernel.py -k "selectors_sums or lists_equal" 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-hopper.txt"
     ;;
 s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
     timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \

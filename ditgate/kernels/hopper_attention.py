@@ -136,7 +136,8 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
              TC_SUM: gl.constexpr):
     """The load partition: Q once (64 rows per consumer warpgroup) and, where the row sums are the tensor
     cores' (``TC_SUM``), the tile of ones they multiply P by; then each listed key block's K and V into
-    the next free stage."""
+    the next free stage. A list's next index is loaded before the wait for a free stage, not after it,
+    so that its latency does not delay the copy into that stage."""
     (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row, count,
      q_row, q_col, k_row, k_col, v_row, v_col) = loads
     if TC_SUM:
@@ -147,9 +148,12 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
     for g in gl.static_range(GROUPS):
         tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    if SPARSE:
+        j_next = gl.load(row)  # every list has a first slot, used or not
     for i in range(count):
-        if SPARSE:
-            j = gl.load(row + i)
+        if SPARSE:  # this block's index came a block ago; the next one's load runs while this stage frees
+            j = j_next
+            j_next = gl.load(row + gl.minimum(i + 1, count - 1))
         else:
             j = i
         st = i % STAGES

@@ -316,19 +316,10 @@ class Quantized:
             raise ValueError("these copies were made without the sums (quantize(..., sums=True))")
         if rows % self.block_m:
             raise ValueError(f"query tiles of {rows} rows are not whole blocks of {self.block_m}")
-        return _means(self.q_sums, self.block_m, rows, seq_q), _means(self.k_sums, self.block_n, self.block_n, seq_k)
+        from .tile_select import means_from_sums
 
-
-def _means(sums: torch.Tensor, block: int, rows: int, length: int) -> torch.Tensor:
-    """Means per ``rows`` rows of a sequence of ``length`` rows from its column sums per ``block`` rows."""
-    B, H, n_blocks, D = sums.shape
-    group = rows // block
-    n = _cdiv(length, rows)
-    if n * group != n_blocks:  # the last tile holds fewer blocks: pad with zero sums
-        sums = torch.nn.functional.pad(sums, (0, 0, 0, n * group - n_blocks))
-    total = sums.view(B, H, n, group, D).sum(3)
-    counts = torch.clamp(length - torch.arange(n, device=sums.device) * rows, max=rows).to(torch.float32)
-    return total / counts[:, None]
+        return (means_from_sums(self.q_sums, self.block_m, rows, seq_q),
+                means_from_sums(self.k_sums, self.block_n, self.block_n, seq_k))
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -6,7 +6,8 @@ took 0.41 ms on the H200, 3.6 % of the dense attention, mostly launches and the 
 (benchmarks/results/2026-12-02-h200-s3/selector-breakdown.json). Here:
 
 - ``pool_tiles``: one program per (tile, batch · head) reads its rows through the caller's strides
-  and writes their float32 mean (the partial last tile by its real row count);
+  and writes their float32 mean (the partial last tile by its real row count); ``means_from_sums`` the
+  same means from column sums a quantization pass wrote (the quantized sparse forms pool that way);
 - ``choose_and_list``: one program per (batch · head, query tile) applies the fixed scores, finds the
   ``keep``-th best score of its row by a sort, keeps the tiles above it (ties at it in column order,
   so exactly ``keep``), adds the always-kept tiles, and writes the row's ascending list at slots given
@@ -41,6 +42,33 @@ def pool_tiles(x: torch.Tensor, block: int) -> torch.Tensor:
     out = torch.empty(B, H, n, D, dtype=torch.float32, device=x.device)
     _pool_kernel[(n, B * H)](x, out, *x.stride(), H, S, n, block, D=D, BLOCK=triton.next_power_of_2(block),
                              num_warps=4)
+    return out
+
+
+@triton.jit
+def _means_kernel(SUMS, OUT, n_blocks, n, rows, length, D: tl.constexpr, GROUP: tl.constexpr):
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    cols = tl.arange(0, D)
+    total = tl.zeros([D], tl.float32)
+    for i in tl.static_range(GROUP):  # the tile's blocks; the last tile may have fewer
+        blk = t * GROUP + i
+        total += tl.load(SUMS + (bh * n_blocks + blk) * D + cols, mask=cols * 0 + blk < n_blocks, other=0.0)
+    count = (tl.minimum(length, (t + 1) * rows) - t * rows).to(tl.float32)
+    tl.store(OUT + (bh * n + t) * D + cols, total / count)
+
+
+def means_from_sums(sums: torch.Tensor, block: int, rows: int, length: int) -> torch.Tensor:
+    """Float32 [B, H, n, D] means per ``rows`` rows (a multiple of ``block``) of a ``length``-row sequence,
+    from float32 [B, H, n_blocks, D] column sums per ``block`` rows (what a quantization pass wrote while it
+    read the rows anyway); the partial last tile by its real row count. One launch: as a handful of torch
+    operations it took 0.14 ms on the H200 at Wan-14B's shape, launch-bound (results 2026-12-03-h200-s12)."""
+    B, H, n_blocks, D = sums.shape
+    if rows % block:
+        raise ValueError(f"tiles of {rows} rows are not whole blocks of {block}")
+    n = -(-length // rows)
+    out = torch.empty(B, H, n, D, dtype=torch.float32, device=sums.device)
+    _means_kernel[(n, B * H)](sums, out, n_blocks, n, rows, length, D=D, GROUP=rows // block, num_warps=1)
     return out
 
 
