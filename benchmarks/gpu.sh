@@ -54,6 +54,8 @@
 #                                        pooling for its selection or not; fixed costs; the new GPU tests
 #   bash benchmarks/gpu.sh s12-final     (carry .whl, after prep and join)  install; the list loads ahead of the stage
 #                                        wait against the kernel before (A/B); fixed costs; the sparse stage; GPU tests
+#   bash benchmarks/gpu.sh s12-quant     (carry .whl)          no fa4: the quantization passes one by one at 4 and 8 warps;
+#                                        the Hopper list tests (schedule 3) and the forms' GPU tests
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -235,6 +237,17 @@ s12-final)  # carry .whl, after prep and join: install; FP8 lists at LTX with th
         | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -44
     timeout 90 python3 -m pytest -q tests/test_hopper_kernel.py -k "selectors_sums or lists_equal" 2>&1 \
         | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-hopper.txt"
+    ;;
+s12-quant)  # carry .whl (no fa4): the quantization passes one at a time at 4 and 8 warps per program; then the Hopper
+    # list tests at schedule 3 (the producer's list loads moved) and the forms' GPU tests
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 120 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" 2>&1 | tee "$OUT/quantize-kernels.log" \
+        | grep -v "^{" | tail -24
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "selectors_sums or (lists_equal and schedule3)" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-hopper.txt"
+    timeout 150 python3 -m pytest -q -rs tests/test_gpu.py tests/test_fused_pooling.py 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-gpu.txt"
     ;;
 s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
     timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \

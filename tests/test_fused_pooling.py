@@ -16,6 +16,7 @@ from ditgate.sparse.layout import TokenLayout  # noqa: E402
 from ditgate.sparse.selector import TileSelector, _pool  # noqa: E402
 
 CFG = KernelConfig(32, 32, 4, 1)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _qkv(seed, H=4, HK=2, SQ=70, SK=97, D=64):
@@ -23,7 +24,7 @@ def _qkv(seed, H=4, HK=2, SQ=70, SK=97, D=64):
     q = torch.randn(1, SQ, H, D, generator=g).to(torch.bfloat16).transpose(1, 2)  # B, S, H, D storage
     k = (torch.randn(1, HK, SK, D, generator=g) + 0.5).to(torch.bfloat16)  # a common offset, as real keys have
     v = torch.randn(1, HK, SK, D, generator=g).to(torch.bfloat16)
-    return q, k, v
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
 
 
 def test_the_quantization_pass_sums_what_the_selector_pools_and_keeps_k_mean_and_v_scale():
@@ -50,6 +51,7 @@ def test_prepared_copies_are_used_as_made_and_a_mismatch_is_refused(qk):
     g = torch.Generator().manual_seed(4)
     keep = torch.rand(1, 4, 3, 4, generator=g) < 0.6
     keep[..., 0] = True
+    keep = keep.to(DEVICE)
     lists = KeyBlockListsFrom(keep)
     kw = dict(qk=qk, kv_index=lists.kv_index, kv_count=lists.kv_count, config=CFG)
     plain = quant_attention(q, k, v, **kw)
@@ -73,8 +75,8 @@ def KeyBlockListsFrom(keep):  # noqa: N802 - a constructor by another name
 def test_the_selector_takes_the_consumers_tiles_only_when_it_selects():
     layout = TokenLayout.video_then(10 * 32)
     g = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 10 * 32, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(1, 2, 10 * 32, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, 10 * 32, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2).to(DEVICE)
+    k, v = (torch.randn(1, 2, 10 * 32, 64, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(2))
     qz = quantize(q, k, v, "fp8", 0.125, CFG, sums=True)
     for kernels in (False, True):
         selector = TileSelector(32, kernels=kernels)
@@ -97,8 +99,8 @@ def _tiny_wan_fp16():
     base = get_preset("tiny-wan")  # head dim 64 and 16-bit weights: what the kernel takes
     preset = dataclasses.replace(base, config=dict(base.config, num_attention_heads=1, attention_head_dim=64),
                                  geometry=dict(base.geometry, frames=4, height=16, width=16))
-    model = preset.build().to(torch.float16)
-    inputs = {n: x.to(torch.float16) if torch.is_tensor(x) and x.is_floating_point() else x
+    model = preset.build().to(device=DEVICE, dtype=torch.float16)
+    inputs = {n: (x.to(torch.float16) if x.is_floating_point() else x).to(DEVICE) if torch.is_tensor(x) else x
               for n, x in preset.inputs(model).items()}
     return model, inputs
 
@@ -135,7 +137,8 @@ def test_the_fp8_sparse_form_pools_for_its_selection_and_runs_on_those_copies():
             pytest.skip(spy.availability().reason)
         plan = ditgate.attach(model, forms=["spy_fp8_sparse"], measure=False, extra_forms=[spy], sparse=setting)
         with torch.no_grad():
-            outs[share] = ditgate.hosts.model_output(model(**{**inputs, "timestep": torch.tensor([800])})).clone()
+            outs[share] = ditgate.hosts.model_output(model(**{**inputs, "timestep": torch.tensor([800], device=DEVICE)})
+                                                     ).clone()
         plan.detach()
         assert spy.pooled == len(spy.prepared) > 0  # self-attention sites only: cross-attention stays on the host
         if share:

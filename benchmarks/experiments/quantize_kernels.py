@@ -1,0 +1,86 @@
+"""The quantization passes one at a time, at 4 and 8 warps per program, against reading Q once, at the Wan-14B
+and LTX long shapes (random bf16 in diffusers' [B, S, H, D] storage; ``triton.testing.do_bench`` medians). Why: at
+budget 0.3 the FP8 block-sparse call spends about 0.8 ms of 8.3 quantizing at Wan-14B (results s12), and the
+passes move about 2.2 GB, well under the H200's bandwidth.
+
+    python benchmarks/experiments/quantize_kernels.py --out DIR"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from ditgate.kernels import hopper_attention as ha
+from ditgate.kernels import quant_attention as qa
+
+SHAPES = {"wan": (40, 32760, 128), "ltx": (32, 27588, 64)}
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="ditgate-out")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def record(**row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "quantize-kernels.json").write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "command": "python benchmarks/experiments/quantize_kernels.py " +
+            " ".join(sys.argv[1:]), "rows": rows}, indent=1))
+
+    for shape, (H, S, D) in SHAPES.items():
+        q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+        gb = q.numel() * 2 / 1e9
+        record(shape=shape, part="read Q once (q.sum)", ms=bench(lambda: q.sum(dim=2, dtype=torch.float32)), gb=gb)
+        record(shape=shape, part="quantize_for_schedule(sums=True)",
+               ms=bench(lambda: ha.quantize_for_schedule(q, k, v, "fp8", D ** -0.5, sums=True)))
+        bm, bn = ha.ROWS_HALF, ha.ROWS_K
+        n_m, n_n = -(-S // bm), -(-S // bn)
+        q8 = torch.empty(H, n_m * bm, D, dtype=torch.float8_e4m3fn, device="cuda")
+        k8 = torch.empty(H, n_n * bn, D, dtype=torch.float8_e4m3fn, device="cuda")
+        vt8 = torch.empty(H, D, n_n * bn, dtype=torch.float8_e4m3fn, device="cuda")
+        qs, ks = (torch.empty(H, n, device="cuda") for n in (n_m, n_n))
+        q_sums = torch.empty(1, H, n_m, D, device="cuda")
+        k_sums, v_max = (torch.empty(1, H, n_n, D, device="cuda") for _ in range(2))
+        mean = torch.zeros(H, D, device="cuda")
+        v_scale = torch.full((H, D), 0.01, device="cuda")
+        for warps in (4, 8):
+            parts = {
+                "K sums and V absmax (one pass over each)": lambda: qa._kv_stats_kernel[(n_n, H)](
+                    k, v, k_sums, v_max, *k.stride(), *v.stride(), H, S, n_n, D=D, BLOCK=bn, num_warps=warps),
+                "quantize Q with sums (64 rows)": lambda: qa._quant_rows_kernel[(n_m, H)](
+                    q, q8, qs, qs, q_sums, *q.stride(), H, S, n_m * bm, n_m, 1.0, D=D, BLOCK=bm, HAS_MEAN=False,
+                    TO_INT8=False, QMAX=448.0, HAS_SUMS=True, num_warps=warps),
+                "quantize K (128 rows, mean)": lambda: qa._quant_rows_kernel[(n_n, H)](
+                    k, k8, ks, mean, ks, *k.stride(), H, S, n_n * bn, n_n, 1.0, D=D, BLOCK=bn, HAS_MEAN=True,
+                    TO_INT8=False, QMAX=448.0, HAS_SUMS=False, num_warps=warps),
+                "quantize V, transposed and permuted": lambda: qa._quant_v_kernel[(n_n, H)](
+                    v, vt8, v_scale, *v.stride(), H, S, n_n * bn, D=D, BLOCK=bn, PERMUTE=True, num_warps=warps),
+            }
+            for part, fn in parts.items():
+                ms = bench(fn)
+                record(shape=shape, part=part, warps=warps, ms=ms)
+        del q, k, v, q8, k8, vt8
+        torch.cuda.empty_cache()
+    print(f"{'shape':<6}{'part':<44}{'warps':>6}{'ms':>8}")
+    for r in rows:
+        print(f"{r['shape']:<6}{r['part']:<44}{r.get('warps', ''):>6}{r['ms']:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
