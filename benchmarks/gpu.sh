@@ -56,6 +56,8 @@
 #                                        wait against the kernel before (A/B); fixed costs; the sparse stage; GPU tests
 #   bash benchmarks/gpu.sh s12-quant     (carry .whl)          no fa4: the quantization passes one by one at 4 and 8 warps;
 #                                        the Hopper list tests (schedule 3) and the forms' GPU tests
+#   bash benchmarks/gpu.sh s12-table     (carry .whl, after prep and join)  install; every 8-bit mode against cuDNN and
+#                                        fa4 (lists at LTX); the sparse stage at both shapes, the form pooling or not
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -248,6 +250,18 @@ s12-quant)  # carry .whl (no fa4): the quantization passes one at a time at 4 an
         2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-hopper.txt"
     timeout 150 python3 -m pytest -q -rs tests/test_gpu.py tests/test_fused_pooling.py 2>&1 \
         | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest-gpu.txt"
+    ;;
+s12-table)  # carry .whl, after prep and join: install; FP8 and INT8 as ditgate launches them against cuDNN and fa4 at
+    # both shapes, FP8 lists at LTX; the sparse stage at both shapes (selected and window), fa4 alongside
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 150 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --modes fp8 int8 --rounds 1 \
+        --list-lengths 27 54 108 216 --variants default 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args" | tail -16
+    timeout 220 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f ltx-2b-1216x704x257 \
+        --patterns selected window --skip-attach --consumers ditgate_fp8_hopper ditgate_fp8_hopper_192 \
+        fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper ditgate_plain_hopper_192 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -44
     ;;
 s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
     timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \

@@ -358,8 +358,11 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     _quant_rows_kernel[(n_n, B * HK)](k, k8, ks, k_mean, ks, *k.stride(), HK, SK, sk_pad, n_n, 1.0,
                                       D=D, BLOCK=cfg.block_n, HAS_MEAN=True, TO_INT8=to_int8, QMAX=qmax,
                                       HAS_SUMS=False)
+    # eight warps for V's transposed stores at head dim 128: 0.166 against 0.310 ms at Wan-14B's 40 x 32760 x 128
+    # on the H200 (the other passes were slower at eight; at head dim 64 it tied, 0.065 against 0.064 at LTX;
+    # benchmarks/results/2026-12-03-h200-s12, quantize_kernels.py)
     _quant_v_kernel[(n_n, B * HK)](v, vt8, v_scale, *v.stride(), HK, SK, sk_pad, D=D, BLOCK=cfg.block_n,
-                                   PERMUTE=permute_v)
+                                   PERMUTE=permute_v, num_warps=8 if D >= 128 else 4)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
                      permute_v, k_sums, q_sums if sums else None)
 
