@@ -58,6 +58,8 @@
 #                                        the Hopper list tests (schedule 3) and the forms' GPU tests
 #   bash benchmarks/gpu.sh s12-table     (carry .whl, after prep and join)  install; every 8-bit mode against cuDNN and
 #                                        fa4 (lists at LTX); the sparse stage at both shapes, the form pooling or not
+#   bash benchmarks/gpu.sh s12-whole     (carry .whl)          no fa4: the FP8 sparse form's whole call, the selector
+#                                        pooling or the quantization pooling, interleaved rounds (fixed_costs.py)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -262,6 +264,12 @@ s12-table)  # carry .whl, after prep and join: install; FP8 and INT8 as ditgate 
         --patterns selected window --skip-attach --consumers ditgate_fp8_hopper ditgate_fp8_hopper_192 \
         fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper ditgate_plain_hopper_192 2>&1 \
         | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -44
+    ;;
+s12-whole)  # carry .whl (no fa4): the FP8 sparse form's whole call at budget 0.3 at both shapes, the selector pooling
+    # Q and K itself or the form's quantization pass pooling them, four interleaved rounds of do_bench medians
+    install_small
+    timeout 200 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --whole-rounds 4 --whole-only 2>&1 \
+        | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -20
     ;;
 s11-sparse)  # no carry, the machine warm after s11-final (its /tmp/site): the sparse stage at $MODELS (default LTX)
     timeout 560 python3 benchmarks/sparse_attention.py --out "$OUT" --models ${MODELS:-ltx-2b-1216x704x257} 2>&1 \

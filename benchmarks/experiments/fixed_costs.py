@@ -9,6 +9,7 @@ long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage, FP8):
   key block and the part that does not grow with L (per-program prologue and epilogue, launch).
 
     python benchmarks/experiments/fixed_costs.py --out DIR [--shapes ltx wan] [--schedules 0 3]
+        [--whole-rounds 3 [--whole-only]]
 
 ``triton.testing.do_bench`` medians; prints a table last, writes fixed-costs.json."""
 
@@ -36,12 +37,41 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200)
 
 
+def whole_calls(q, k, v, scale, rows_q, rounds, record):
+    """The FP8 sparse form as a plan runs it at budget 0.3 over a video layout, selection and kernel in one timed
+    call, back to back: the selector pooling Q and K itself, or the form's quantization pass pooling them
+    (``Form.pool_for_selection``), alternating, ``rounds`` times each."""
+    from ditgate.forms import AttentionInputs, create_forms
+    from ditgate.forms.base import describe_call
+
+    form = create_forms(["fp8_sparse"])["fp8_sparse"]
+    layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
+    call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
+    x = AttentionInputs(q, k, v, scale=scale)
+
+    def own():
+        return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
+
+    def pooled():
+        tiles = form.pool_for_selection(call, x, rows_q, ha.ROWS_K)
+        lists = selector.select(q, k, layout, 0.3, rows_q, lambda: (tiles.query, tiles.key))
+        return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=lists, prepared=tiles.prepared))
+
+    same = torch.equal(own(), pooled())
+    for r in range(rounds):
+        for name, fn in (("whole call, selector pools", own), ("whole call, quantization pools", pooled)):
+            record(part=name, round=r, ms=bench(fn), same_bits=same)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="ditgate-out")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--schedules", nargs="+", type=int, default=[None], help="kernel rows per schedule (default: as "
                     "ditgate launches it)")
+    ap.add_argument("--whole-rounds", type=int, default=0, help="then the FP8 sparse form's whole call at budget 0.3, "
+                    "the selector pooling itself or the form's quantization pooling for it, interleaved rounds")
+    ap.add_argument("--whole-only", action="store_true", help="only the whole calls")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,6 +90,10 @@ def main() -> None:
         rows_q = 64 * groups
         q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
         scale = d ** -0.5
+        if args.whole_rounds:
+            whole_calls(q, k, v, scale, rows_q, args.whole_rounds, lambda **row: record(shape=shape, **row))
+        if args.whole_only:
+            continue
         for sums in (False, True):
             record(shape=shape, part=f"quantize (sums={sums})",
                    ms=bench(lambda sums=sums: ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=sums)))
@@ -105,9 +139,9 @@ def main() -> None:
     for r in rows:
         sched = "" if r.get("schedule") is None else r["schedule"]
         if "ms" in r:
-            print(f"{r['shape']:<6}{r['part']:<40}{sched:>6}{r.get('blocks', ''):>7}{r['ms']:>9.3f}")
+            print(f"{r['shape']:<6}{r['part'][:39]:<40}{sched:>6}{r.get('blocks', r.get('round', '')):>7}{r['ms']:>9.3f}")
         else:
-            print(f"{r['shape']:<6}{r['part']:<40}{sched:>6} {r['ms_per_block']:.4f} ms/block + {r['fixed_ms']:.3f} ms "
+            print(f"{r['shape']:<6}{r['part'][:39]:<40}{sched:>6} {r['ms_per_block']:.4f} ms/block + {r['fixed_ms']:.3f} ms "
                   f"({r['fixed_us_per_program_per_sm']:.2f} us per program per SM)")
 
 
