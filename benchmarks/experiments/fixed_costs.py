@@ -45,6 +45,8 @@ def whole_calls(q, k, v, scale, rows_q, rounds, record):
     from ditgate.forms.base import describe_call
 
     form = create_forms(["fp8_sparse"])["fp8_sparse"]
+    if not form.availability().available:  # the probe also loads the kernels the form runs
+        raise SystemExit(form.availability().reason)
     layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
     call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
     x = AttentionInputs(q, k, v, scale=scale)
