@@ -12,7 +12,9 @@ rows (the Hopper schedule's three warpgroups at head dim 64) asks for 192 x 128 
 tile's diagonal is then every key tile it overlaps (two); at LTX that took the kernel from 4.49 to 4.08
 ms at budget 0.3 (benchmarks/results/2026-12-03-h200-s7). Lists are assembled without a sort (a
 tile's slot is its rank among its row's kept tiles): on the H200 that cut the selection from 0.67 to
-0.41 ms at LTX's 27588 tokens (benchmarks/results/2026-12-02-h200-s3).
+0.41 ms at LTX's 27588 tokens (benchmarks/results/2026-12-02-h200-s3). A consumer that quantizes Q and K reads
+them anyway and may hand over the tile means from that read (``select(pooled=...)``,
+``Form.pool_for_selection``).
 """
 
 from __future__ import annotations
