@@ -285,7 +285,7 @@ def default_config(head_dim: int, device_type: str, qk: str = "fp8", block: int 
 
 @dataclass(frozen=True)
 class Quantized:
-    """The 8-bit copies one call's kernel reads, and how they were made (``matches``)."""
+    """The 8-bit copies one call's kernel reads, and how they were made (``settings``)."""
 
     q: torch.Tensor
     q_scale: torch.Tensor
@@ -303,10 +303,10 @@ class Quantized:
     k_sums: torch.Tensor | None = None  # float32 [B, HK, n_n, D]: each key block's column sums (before smoothing)
     q_sums: torch.Tensor | None = None  # float32 [B, H, n_m, D] where asked for (``quantize(sums=True)``)
 
-    def matches(self, qk: str, scale: float, block_m: int, block_n: int, permuted_v: bool) -> bool:
-        """Whether these copies are what a kernel launched with these settings would make itself."""
-        return (self.qk, self.scale, self.block_m, self.block_n, self.permuted_v) == (qk, scale, block_m, block_n,
-                                                                                      permuted_v)
+    @property
+    def settings(self) -> tuple[str, float, int, int, bool]:
+        """(qk, scale, block_m, block_n, V permuted): what a launch must share to read these copies."""
+        return self.qk, self.scale, self.block_m, self.block_n, self.permuted_v
 
     def tile_means(self, rows: int, seq_q: int, seq_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 means of Q per ``rows`` query rows ([B, H, n, D]) and of K per ``block_n`` keys ([B, HK, n_n, D]),
@@ -373,11 +373,10 @@ QK_MODES = ("fp8", "int8", "plain")
 def checked_prepared(prepared: Quantized | None, qk: str, scale: float, block_m: int, block_n: int,
                      permuted_v: bool) -> Quantized | None:
     """``prepared`` if it is what this launch would quantize itself; a mismatch is the caller's bug, refused."""
-    if prepared is not None and not prepared.matches(qk, scale, block_m, block_n, permuted_v):
-        made = (prepared.qk, prepared.scale, prepared.block_m, prepared.block_n, prepared.permuted_v)
-        needed = (qk, scale, block_m, block_n, permuted_v)
-        raise ValueError(f"prepared copies were made for {made}, this launch needs {needed} (qk, scale, block_m, "
-                         "block_n, V permuted)")
+    needed = (qk, scale, block_m, block_n, permuted_v)
+    if prepared is not None and prepared.settings != needed:
+        raise ValueError(f"prepared copies were made for {prepared.settings}, this launch needs {needed} (qk, scale, "
+                         "block_m, block_n, V permuted)")
     return prepared
 
 
