@@ -16,18 +16,15 @@ long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage, FP8):
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from pathlib import Path
 
 import torch
-import triton
 import triton.testing
 
 from ditgate.kernels import hopper_attention as ha
 from ditgate.sparse.layout import TokenLayout
 from ditgate.sparse.selector import TileSelector
+from json_rows import recorder  # beside this script (its directory is on the path)
 
 SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, sequence, head dim, warpgroups
 FRACTIONS = (0.125, 0.25, 0.3, 0.5, 1.0)
@@ -77,15 +74,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-
-    def record(**row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        (out / "fixed-costs.json").write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "command": "python benchmarks/experiments/fixed_costs.py " +
-            " ".join(sys.argv[1:]), "rows": rows}, indent=1))
+    record, rows = recorder(out, "fixed-costs.json", "benchmarks/experiments/fixed_costs.py")
 
     for shape in args.shapes:
         h, s, d, groups = SHAPES[shape]

@@ -8,17 +8,14 @@ passes move about 2.2 GB, well under the H200's bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from pathlib import Path
 
 import torch
-import triton
 import triton.testing
 
 from ditgate.kernels import hopper_attention as ha
 from ditgate.kernels import quant_attention as qa
+from json_rows import recorder  # beside this script (its directory is on the path)
 
 SHAPES = {"wan": (40, 32760, 128), "ltx": (32, 27588, 64)}
 
@@ -33,15 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-
-    def record(**row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        (out / "quantize-kernels.json").write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "command": "python benchmarks/experiments/quantize_kernels.py " +
-            " ".join(sys.argv[1:]), "rows": rows}, indent=1))
+    record, rows = recorder(out, "quantize-kernels.json", "benchmarks/experiments/quantize_kernels.py")
 
     for shape, (H, S, D) in SHAPES.items():
         q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
