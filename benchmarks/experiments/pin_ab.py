@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import triton.testing
 
 from ditgate.kernels.hopper_attention import ROWS_K, hopper_attention
+from json_rows import recorder  # beside this script (its directory is on the path)
 
 SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, sequence, head dim, warpgroups
 
@@ -83,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    record, rows = recorder(out_dir, "pin-ab.json", "benchmarks/experiments/pin_ab.py")
     variants = [{} if spec == "default" else {"before": 1} if spec == "before" else
                 {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
                 for spec in args.variants]  # "default": the launch as ditgate's forms make it
@@ -101,13 +100,6 @@ def main() -> None:
             if name in flags:
                 flags[name] = bool(flags[name])
 
-    def record(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        (out_dir / "pin-ab.json").write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__,
-            "command": "python benchmarks/experiments/pin_ab.py " + " ".join(sys.argv[1:]), "rows": rows}, indent=1))
 
     for shape in args.shapes:
         h, s, d, groups = SHAPES[shape]
@@ -115,7 +107,7 @@ def main() -> None:
         q, k, v = inputs(h, s, d)
         for name, fn in exact_baselines(q, k, v):
             ms = triton.testing.do_bench(fn, warmup=25, rep=200)
-            record(dict(shape=shape, form=name, ms=ms, tflops=flops / ms * 1e-9))
+            record(shape=shape, form=name, ms=ms, tflops=flops / ms * 1e-9)
         for qk in args.modes:
             cq, ck, cv = inputs(h, s, d)
             ref = torch.nn.functional.scaled_dot_product_attention(cq[:, :4].float(), ck[:, :4].float(), cv[:, :4].float())
@@ -129,8 +121,8 @@ def main() -> None:
                         cos = cosine(out, ref)
                         same = torch.equal(out, first.setdefault(sched, out))  # bits of the first variant's output
                     ms = triton.testing.do_bench(lambda: attend(q, k, v, **call), warmup=25, rep=200)
-                    record(dict(shape=shape, form=f"hopper-{qk}", schedule=sched, **flags, round=rnd, ms=ms,
-                                tflops=flops / ms * 1e-9, cosine=cos, same_bits=same))
+                    record(shape=shape, form=f"hopper-{qk}", schedule=sched, **flags, round=rnd, ms=ms,
+                           tflops=flops / ms * 1e-9, cosine=cos, same_bits=same)
         if shape != "ltx" or not args.list_lengths:
             continue
         n_m, n_n = -(-s // (64 * groups)), -(-s // ROWS_K)
@@ -143,8 +135,8 @@ def main() -> None:
                     out = attend(q, k, v, **call)
                     first = out.clone() if first is None else first
                     ms = triton.testing.do_bench(lambda: attend(q, k, v, **call), warmup=10, rep=100)
-                    record(dict(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, **flags,
-                                ms=ms, same_bits=torch.equal(out, first)))
+                    record(shape=shape, form=f"hopper-{qk}-lists", blocks=min(length, n_n), of=n_n, **flags,
+                           ms=ms, same_bits=torch.equal(out, first))
     names = sorted({name for flags in variants for name in flags})
     print("\nshape  form              sched " + " ".join(f"{n[:5]:>5}" for n in names)
           + "  round      ms   TFLOP/s  cosine  same bits as the first variant")
