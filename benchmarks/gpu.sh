@@ -54,6 +54,7 @@
 #                                        pooling for its selection or not; fixed costs; the new GPU tests
 #   bash benchmarks/gpu.sh s12-final     (carry .whl, after prep and join)  install; the list loads ahead of the stage
 #                                        wait against the kernel before (A/B); fixed costs; the sparse stage; GPU tests
+#   bash benchmarks/gpu.sh s13-lists     (carry .whl)          no fa4: list tests, FP8 lists against aafbab4's kernel, fixed costs
 #   bash benchmarks/gpu.sh s12-quant     (carry .whl)          no fa4: the quantization passes one by one at 4 and 8 warps;
 #                                        the Hopper list tests (schedule 3) and the forms' GPU tests
 #   bash benchmarks/gpu.sh s12-table     (carry .whl, after prep and join)  install; every 8-bit mode against cuDNN and
@@ -241,6 +242,19 @@ s12-final)  # carry .whl, after prep and join: install; FP8 lists at LTX with th
         | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -44
     timeout 90 python3 -m pytest -q tests/test_hopper_kernel.py -k "selectors_sums or lists_equal" 2>&1 \
         | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-hopper.txt"
+    ;;
+s13-lists)  # carry .whl (no fa4): each partition reads its list's count and first slots itself (_list_start):
+    # the new list tests, then FP8 lists against HEAD-before's kernel (aafbab4, written beside pin_ab.py), the
+    # kernel alone over lists with its line fit (fixed_costs.py)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "one_slot or (lists_equal and schedule3) or p_bytes_over" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-hopper.txt"
+    timeout 200 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --shapes ltx wan --modes fp8 --rounds 2 \
+        --list-lengths 27 54 108 --variants default before --before benchmarks/experiments/hopper_attention_before.py \
+        2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -24
+    timeout 120 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" 2>&1 | tee "$OUT/fixed-costs.log" \
+        | grep -v "^{" | tail -20
     ;;
 s12-quant)  # carry .whl (no fa4): the quantization passes one at a time at 4 and 8 warps per program; then the Hopper
     # list tests at schedule 3 (the producer's list loads moved) and the forms' GPU tests

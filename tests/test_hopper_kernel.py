@@ -458,6 +458,34 @@ def test_copies_made_with_the_selectors_sums_give_the_same_bits(qk, D, groups):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["plain", "fp8"])
+@pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
+def test_lists_of_one_slot_and_junk_past_the_count(qk, groups):
+    """Each partition reads its list's count, first and second slot at once (``_list_start``): lists one slot
+    wide (no second slot to read) and slots past the count holding indices out of range must still give the
+    expanded mask's attention, and zeros where the count is 0."""
+    B, H, S, D = 1, 2, 1000, 64
+    rows = 64 * groups
+    q, k, v = _qkv(B, H, H, S, S, D, seed=47)
+    n_m, n = -(-S // rows), -(-S // 128)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    one = torch.randint(0, n, (B, H, n_m, 1), device="cuda", generator=g, dtype=torch.int32)
+    count = (torch.rand(B, H, n_m, device="cuda", generator=g) < 0.7).to(torch.int32)
+    count[0, 0, 0] = 0
+    keep = torch.zeros(B, H, n_m, n, dtype=torch.bool, device="cuda").scatter_(3, one.long(), count[..., None] > 0)
+    tokens = keep.repeat_interleave(rows, 2).repeat_interleave(128, 3)[:, :, :S, :S]
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=one, kv_count=count, groups=groups)
+    assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
+    assert torch.equal(out[0, 0, :rows], torch.zeros_like(out[0, 0, :rows]))
+    index, count, tokens = _random_lists(B, H, S, rows, seed=11)
+    past = torch.arange(n, device="cuda") >= count[..., None]
+    junk = torch.where(past, torch.full_like(index, 1 << 30), index)  # out of range wherever it is past the count
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=junk, kv_count=count, groups=groups)
+    assert torch.equal(out, ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups))
+
+
+@gpu
+@pytest.mark.gpu
 def test_refuses_what_it_cannot_read():
     q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="storage"):

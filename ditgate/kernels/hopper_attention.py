@@ -137,9 +137,10 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
     """The load partition: Q once (64 rows per consumer warpgroup) and, where the row sums are the tensor
     cores' (``TC_SUM``), the tile of ones they multiply P by; then each listed key block's K and V into
     the next free stage. A list's next index is loaded before the wait for a free stage, not after it,
-    so that its latency does not delay the copy into that stage."""
-    (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row, count,
-     q_row, q_col, k_row, k_col, v_row, v_col) = loads
+    so that its latency does not delay the copy into that stage. Q's copies are issued before the list's
+    count is read (``_list_start``)."""
+    (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row, counts,
+     n_n, max_list, q_row, q_col, k_row, k_col, v_row, v_col) = loads
     if TC_SUM:
         mbarrier.expect(q_ready, q_desc.block_type.nbytes * GROUPS + ones_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], q_ready, ones_smem)
@@ -148,8 +149,7 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
     for g in gl.static_range(GROUPS):
         tma.async_copy_global_to_shared(q_desc, [q_row + g * HALF, q_col], q_ready, q_smem.index(g))
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    if SPARSE:
-        j_next = gl.load(row)  # every list has a first slot, used or not
+    count, j_next, _ = _list_start(counts, row, n_n, max_list, SPARSE)
     for i in range(count):
         if SPARSE:  # this block's index came a block ago; the next one's load runs while this stage frees
             j = j_next
@@ -331,11 +331,19 @@ def _v_operand(v_bufs, st, V_T: gl.constexpr):
 
 
 @gluon.jit
-def _block_index(row, i, SPARSE: gl.constexpr):
+def _list_start(counts, row, n_n, max_list, SPARSE: gl.constexpr):
+    """A program's list: its count, first index and second index (the first again where the count is
+    under two), as each partition reads them for itself. The three loads are independent, so their
+    latencies overlap. Read once before the partitions split and handed over through shared memory, the
+    count had delayed Q's and the first K's copies by a load and a barrier in every listed program.
+    Every list has a first slot, used or not; a second only if ``max_list`` > 1. Dense: ``n_n`` blocks."""
     if SPARSE:
-        return gl.load(row + i)
+        count = gl.load(counts)
+        first = gl.load(row)
+        second = gl.load(row + 1, mask=max_list > 1, other=0)
+        return count, first, gl.where(count > 1, second, first)
     else:
-        return i
+        return n_n, 0, gl.maximum(gl.minimum(1, n_n - 1), 0)
 
 
 @gluon.jit
@@ -528,8 +536,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     lost precision (on the H200 the cosine fell from 0.99849 to 0.99808 in FP8 mode and from 0.99921 to
     0.99880 in INT8 mode at LTX's shape; Hopper's FP8 products keep about 14 bits of their sums, as
     DeepSeek-V3's report measured)."""
-    (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base, sos, sod,
-     q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums_smem, ones_smem) = shared
+    (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, counts, max_list, O, QS, KS, VS, c_plain, o_base,
+     sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums_smem, ones_smem) = shared
     sums = sums_smem.index(PART)
     qk_bits: gl.constexpr = q_smem.dtype.primitive_bitwidth
     pv_dtype: gl.constexpr = v_bufs.dtype
@@ -549,12 +557,11 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     acc = gl.zeros([HALF, D], gl.float32, o_layout)
     l_layout: gl.constexpr = _mma_layout(pv_dtype.primitive_bitwidth, 8)
     lacc = gl.zeros([HALF, 8], gl.float32, l_layout)
-    j = _block_index(row, 0, SPARSE)  # every list has a first slot, used or not
+    count, j, j_next = _list_start(counts, row, n_n, max_list, SPARSE)
     if QUANT:
         ksc = gl.load(KS + ks_base + j, mask=count > 0, other=1.0)
     else:
         ksc = 1.0
-    j_next = _block_index(row, gl.maximum(gl.minimum(1, count - 1), 0), SPARSE)
     mbarrier.wait(q_ready, 0)
     if SCHEDULE == 0:
         for i in range(count - 1):
@@ -651,12 +658,8 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=GROUPS)  # every consumer releases a stage
-    if SPARSE:
-        count = gl.load(KV_COUNT + bh * n_m + pid_m)
-        row = KV_INDEX + (bh * n_m + pid_m) * max_list
-    else:
-        count = n_n
-        row = KV_INDEX
+    counts = KV_COUNT + bh * n_m + pid_m  # read in each partition (_list_start), not here
+    row = KV_INDEX + (bh * n_m + pid_m) * max_list
     if SCHEDULE % 2 == 0 and SCHEDULE > 0:
         mbarrier.arrive(turn.index(0), count=1)  # the first warpgroup issues first
     o_base = b * sob + h * soh
@@ -668,9 +671,9 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     k_row = b * k_rb + hk * k_rh
     v_row = b * v_rb + hk * v_rh
     produce = (q_desc, k_desc, v_desc, ones_desc, q_smem, k_bufs, v_bufs, ones_smem, q_ready, kv_ready, kv_empty, row,
-               count, q_row, h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
-    shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, count, O, QS, KS, VS, c_plain, o_base,
-              sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums, ones_smem)
+               counts, n_n, max_list, q_row, h * q_ch, k_row, hk * k_ch, v_row, hk * v_ch)
+    shared = (q_smem, k_bufs, v_bufs, q_ready, kv_ready, kv_empty, turn, row, counts, max_list, O, QS, KS, VS, c_plain,
+              o_base, sos, sod, q_start, S_Q, S_K, n_n, qs_index, qs_left, ks_base, vs_base, sums, ones_smem)
     if GROUPS == 3:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
