@@ -55,6 +55,14 @@
 #   bash benchmarks/gpu.sh s12-final     (carry .whl, after prep and join)  install; the list loads ahead of the stage
 #                                        wait against the kernel before (A/B); fixed costs; the sparse stage; GPU tests
 #   bash benchmarks/gpu.sh s13-lists     (carry .whl)          no fa4: list tests, FP8 lists against aafbab4's kernel, fixed costs
+#   bash benchmarks/gpu.sh s13-quant     (carry .whl)          no fa4: quantization in three launches: tests; host_costs.py
+#                                        against the five launches before; quantize_kernels.py; fixed costs
+#   bash benchmarks/gpu.sh s13-final     (carry .whl)          no fa4: K and V in two launches at head dim 128: tests; host_costs.py
+#                                        (kept or remade descriptors; quantize against aafbab4's); quantize_kernels.py
+#   bash benchmarks/gpu.sh s13-parts     (carry .whl)          no fa4: K and V compiled apart at head dim 128 (PART): tests;
+#                                        quantize_kernels.py; quantize against aafbab4's (host_costs.py, one round)
+#   bash benchmarks/gpu.sh s13-host      (carry .whl)          no fa4: descriptors kept by the workspace (tests); the host's
+#                                        share of the FP8 calls, kept or remade (host_costs.py); the forms' GPU tests
 #   bash benchmarks/gpu.sh s12-quant     (carry .whl)          no fa4: the quantization passes one by one at 4 and 8 warps;
 #                                        the Hopper list tests (schedule 3) and the forms' GPU tests
 #   bash benchmarks/gpu.sh s12-table     (carry .whl, after prep and join)  install; every 8-bit mode against cuDNN and
@@ -255,6 +263,55 @@ s13-lists)  # carry .whl (no fa4): each partition reads its list's count and fir
         2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -24
     timeout 120 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" 2>&1 | tee "$OUT/fixed-costs.log" \
         | grep -v "^{" | tail -20
+    ;;
+s13-quant)  # carry .whl (no fa4): quantize in three launches (Q beside K's sums and V's absmax; K's mean and V's scales;
+    # K and V) where it took five and seven torch operations: the tests that read its copies, then the host's share
+    # and GPU time against aafbab4's quantize (written beside host_costs.py), the passes alone, the fixed costs
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 270 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_fused_pooling.py tests/test_gpu.py \
+        -k "not hopper_kernel or kept_descriptors or (matches_reference and schedule3 and not plain) or selectors_sums" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 200 python3 benchmarks/experiments/host_costs.py --out "$OUT" --variants memo --rounds 1 \
+        --before-quant benchmarks/experiments/quant_attention_before.py 2>&1 | tee "$OUT/host-costs.log" \
+        | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -16
+    timeout 100 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" 2>&1 | grep -v "^{" | tail -14
+    timeout 100 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" 2>&1 | tee "$OUT/fixed-costs.log" \
+        | grep -v "^{" | tail -26
+    ;;
+s13-final)  # carry .whl (no fa4): K and V quantized in two launches at head dim 128 (four and eight warps), one at 64;
+    # the tests that read the copies, then host_costs.py (descriptors kept or remade; quantize against aafbab4's)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_fused_pooling.py tests/test_gpu.py \
+        -k "not hopper_kernel or kept_descriptors or (matches_reference and schedule3 and not plain and not even)" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 100 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" 2>&1 | grep -v "^{" | tail -20
+    timeout 250 python3 benchmarks/experiments/host_costs.py --out "$OUT" --rounds 2 \
+        --before-quant benchmarks/experiments/quant_attention_before.py 2>&1 | tee "$OUT/host-costs.log" \
+        | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -32
+    ;;
+s13-parts)  # carry .whl (no fa4): at head dim 128 K and V each launch a kernel compiled for its part alone (PART 1, 2)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_fused_pooling.py \
+        -k "not hopper_kernel or (matches_reference and schedule3 and not plain and not even) or selectors_sums" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 100 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" 2>&1 | grep -v "^{" | tail -20
+    timeout 200 python3 benchmarks/experiments/host_costs.py --out "$OUT" --rounds 1 --variants memo \
+        --before-quant benchmarks/experiments/quant_attention_before.py 2>&1 | tee "$OUT/host-costs.log" \
+        | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -20
+    ;;
+s13-host)  # carry .whl (no fa4): the workspace keeps the launch's descriptors and tile of ones (WorkspacePool.memo);
+    # its test, then the host's share of the FP8 calls with them kept or remade, then the forms' GPU tests
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 100 python3 -m pytest -q tests/test_hopper_kernel.py -k "kept_descriptors" 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-kept.txt"
+    timeout 240 python3 benchmarks/experiments/host_costs.py --out "$OUT" 2>&1 | tee "$OUT/host-costs.log" \
+        | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -30
+    timeout 150 python3 -m pytest -q tests/test_gpu.py 2>&1 | grep -v "aux_data\|exe_args" | tail -3 \
+        | tee "$OUT/pytest-gpu.txt"
     ;;
 s12-quant)  # carry .whl (no fa4): the quantization passes one at a time at 4 and 8 warps per program; then the Hopper
     # list tests at schedule 3 (the producer's list loads moved) and the forms' GPU tests

@@ -217,3 +217,17 @@ def test_workspace_pool_shares_and_counts_once():
     assert pool.bytes("int8") == 4 * 8 * 4 and pool.bytes() == 2 * 4 * 8 * 4
     pool.release("int8")
     assert pool.bytes("int8") == 0 and pool.bytes() == 4 * 8 * 4
+
+
+def test_workspace_pool_keeps_what_it_is_asked_to_until_released():
+    pool, made = WorkspacePool(), []
+
+    def make():
+        made.append(object())
+        return made[-1]
+
+    first = pool.memo(("descriptor", 1), make)
+    assert pool.memo(("descriptor", 1), make) is first and len(made) == 1
+    assert pool.memo(("descriptor", 2), make) is not first and len(made) == 2
+    pool.release("nothing-by-this-name")  # kept objects may describe any buffer: every release drops them
+    assert pool.memo(("descriptor", 1), make) is not first and len(made) == 3

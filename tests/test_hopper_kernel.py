@@ -486,6 +486,34 @@ def test_lists_of_one_slot_and_junk_past_the_count(qk, groups):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["fp8", "int8"])
+def test_kept_descriptors_give_the_bits_of_fresh_ones(qk):
+    """A form's workspace keeps the launch's descriptors and tile of ones between calls (``memo``). Calls at two
+    shapes in turn, on fresh inputs each time, dense and with lists, must give what a launch that remakes them
+    gives: a descriptor kept for one shape or buffer must never serve another."""
+    from ditgate.forms.workspace import WorkspacePool
+
+    pool = WorkspacePool()
+
+    def buffers(shape, dtype, name):
+        return pool.get(shape, dtype, torch.device("cuda"), name)
+
+    for seed, S in enumerate((1000, 700, 1000, 700)):
+        q, k, v = _qkv(1, 2, 2, S, S, 64, seed=60 + seed)
+        fresh = ha.hopper_attention(q, k, v, qk=qk)
+        assert torch.equal(ha.hopper_attention(q, k, v, qk=qk, buffers=buffers, memo=pool.memo), fresh)
+        index, count, _ = _random_lists(1, 2, S, 128, seed=seed)
+        fresh = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count)
+        kept = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, buffers=buffers, memo=pool.memo)
+        assert torch.equal(kept, fresh)
+    pool.release()
+    q, k, v = _qkv(1, 2, 2, 1000, 1000, 64, seed=70)
+    assert torch.equal(ha.hopper_attention(q, k, v, qk=qk, buffers=buffers, memo=pool.memo),
+                       ha.hopper_attention(q, k, v, qk=qk))
+
+
+@gpu
+@pytest.mark.gpu
 def test_refuses_what_it_cannot_read():
     q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="storage"):

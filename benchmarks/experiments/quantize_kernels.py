@@ -1,7 +1,8 @@
-"""The quantization passes one at a time, at 4 and 8 warps per program, against reading Q once, at the Wan-14B
-and LTX long shapes (random bf16 in diffusers' [B, S, H, D] storage; ``triton.testing.do_bench`` medians). Why: at
-budget 0.3 the FP8 block-sparse call spends about 0.8 ms of 8.3 quantizing at Wan-14B (results s12), and the
-passes move about 2.2 GB, well under the H200's bandwidth.
+"""The quantization's three launches one at a time (Q beside K's sums and V's absmax; K's mean and V's scales; K
+and V), at 4 and 8 warps per program, against reading Q once, at the Wan-14B and LTX long shapes (random bf16 in
+diffusers' [B, S, H, D] storage; ``triton.testing.do_bench`` medians). Why: at budget 0.3 the FP8 block-sparse
+call spends about 0.8 ms of 8.3 quantizing at Wan-14B (results s12), and the passes move about 2.2 GB, well under
+the H200's bandwidth.
 
     python benchmarks/experiments/quantize_kernels.py --out DIR"""
 
@@ -46,29 +47,32 @@ def main() -> None:
         qs, ks = (torch.empty(H, n, device="cuda") for n in (n_m, n_n))
         q_sums = torch.empty(1, H, n_m, D, device="cuda")
         k_sums, v_max = (torch.empty(1, H, n_n, D, device="cuda") for _ in range(2))
-        mean = torch.zeros(H, D, device="cuda")
-        v_scale = torch.full((H, D), 0.01, device="cuda")
+        mean, v_scale = torch.zeros(H, D, device="cuda"), torch.full((H, D), 0.01, device="cuda")
+        q_programs, kv_programs = n_m * H, n_n * H
+        first, scales, kv = qa._first_pass_kernel, qa._kv_scales_kernel, qa._quant_kv_kernel
         for warps in (4, 8):
             parts = {
-                "K sums and V absmax (one pass over each)": lambda: qa._kv_stats_kernel[(n_n, H)](
-                    k, v, k_sums, v_max, *k.stride(), *v.stride(), H, S, n_n, D=D, BLOCK=bn, num_warps=warps),
-                "quantize Q with sums (64 rows)": lambda: qa._quant_rows_kernel[(n_m, H)](
-                    q, q8, qs, qs, q_sums, *q.stride(), H, S, n_m * bm, n_m, 1.0, D=D, BLOCK=bm, HAS_MEAN=False,
-                    TO_INT8=False, QMAX=448.0, HAS_SUMS=True, num_warps=warps),
-                "quantize K (128 rows, mean)": lambda: qa._quant_rows_kernel[(n_n, H)](
-                    k, k8, ks, mean, ks, *k.stride(), H, S, n_n * bn, n_n, 1.0, D=D, BLOCK=bn, HAS_MEAN=True,
-                    TO_INT8=False, QMAX=448.0, HAS_SUMS=False, num_warps=warps),
-                "quantize V, transposed and permuted": lambda: qa._quant_v_kernel[(n_n, H)](
-                    v, vt8, v_scale, *v.stride(), H, S, n_n * bn, D=D, BLOCK=bn, PERMUTE=True, num_warps=warps),
+                "Q with sums, K sums and V absmax (one launch)": lambda: first[(q_programs + kv_programs,)](
+                    q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S, n_m * bm,
+                    n_m, n_n, q_programs, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0, HAS_SUMS=True,
+                    num_warps=warps),
+                "K's mean and V's scales": lambda: scales[(H,)](
+                    k_sums, v_max, torch.empty(H, D, device="cuda"), torch.empty(H, D, device="cuda"), n_n, S, D=D,
+                    CHUNK=32, num_warps=warps),
+                **{f"{what} quantized": lambda part=part, programs=programs: kv[(programs,)](
+                    k, k8, ks, mean, v, vt8, v_scale, *k.stride(), *v.stride(), H, S, n_n * bn, n_n, kv_programs,
+                    D=D, BLOCK=bn, TO_INT8=False, QMAX=448.0, PERMUTE=True, PART=part, num_warps=warps)
+                   for what, part, programs in (("K and V", 0, 2 * kv_programs), ("K", 1, kv_programs),
+                                                ("V", 2, kv_programs))},
             }
             for part, fn in parts.items():
                 ms = bench(fn)
                 record(shape=shape, part=part, warps=warps, ms=ms)
         del q, k, v, q8, k8, vt8
         torch.cuda.empty_cache()
-    print(f"{'shape':<6}{'part':<44}{'warps':>6}{'ms':>8}")
+    print(f"{'shape':<6}{'part':<48}{'warps':>6}{'ms':>8}")
     for r in rows:
-        print(f"{r['shape']:<6}{r['part']:<44}{r.get('warps', ''):>6}{r['ms']:>8.3f}")
+        print(f"{r['shape']:<6}{r['part']:<48}{r.get('warps', ''):>6}{r['ms']:>8.3f}")
 
 
 if __name__ == "__main__":

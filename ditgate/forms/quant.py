@@ -143,7 +143,7 @@ class _QuantForm(Form):
             kw = {} if lists is None else dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
                                                groups=lists.block_m // hopper.ROWS_HALF)
             return hopper.hopper_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                           buffers=buffers, prepared=prepared, **kw)
+                                           buffers=buffers, prepared=prepared, memo=self._pool.memo, **kw)
         kw = {}
         if lists is not None:
             config = self._triton_config(q, inputs.key, inputs.value, lists.block_m, lists.block_n)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from typing import Any
+
 import torch
 
 WorkspaceKey = tuple[tuple[int, ...], torch.dtype, str, str]
@@ -12,6 +15,7 @@ class WorkspacePool:
 
     def __init__(self) -> None:
         self._buffers: dict[WorkspaceKey, torch.Tensor] = {}
+        self._kept: dict[Hashable, Any] = {}
 
     def get(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, variant: str) -> torch.Tensor:
         key = (tuple(shape), dtype, str(device), variant)
@@ -20,6 +24,16 @@ class WorkspacePool:
             buf = torch.empty(shape, dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf
+
+    def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """``make()``'s value, made once per ``key`` while these buffers live: host-side objects built over them
+        (a kernel's tensor descriptors, a constant tile), which would otherwise be remade on every call. The key
+        must name everything the value depends on (an address, a shape, strides); ``release`` drops them all,
+        since they may hold the buffers it frees."""
+        value = self._kept.get(key)
+        if value is None:
+            value = self._kept[key] = make()
+        return value
 
     def bytes(self, variant_prefix: str = "") -> int:
         seen, total = set(), 0
@@ -33,5 +47,6 @@ class WorkspacePool:
         return total
 
     def release(self, variant_prefix: str = "") -> None:
+        self._kept.clear()
         for key in [k for k in self._buffers if k[3].startswith(variant_prefix)]:
             del self._buffers[key]

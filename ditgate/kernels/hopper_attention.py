@@ -27,7 +27,9 @@ Only for Hopper (sm_90): ``ready`` says whether a call can run here, and why not
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from triton.experimental import gluon
@@ -759,6 +761,28 @@ def _descriptor(view: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
+Memo = Callable[[Hashable, Callable[[], Any]], Any]
+
+
+def _kept_descriptor(view: torch.Tensor, block: list[int], memo: Memo | None) -> TensorDescriptor:
+    """``_descriptor``, made once per address, shape, strides and block where ``memo`` keeps it (a form's
+    workspace, whose buffers hold the quantized copies at the same addresses call after call). Building the
+    four descriptors took about three quarters of ``plan_launch``'s host time (96 us on a CI core)."""
+    if memo is None:
+        return _descriptor(view, block)
+    key = ("descriptor", view.data_ptr(), tuple(view.shape), tuple(view.stride()), view.dtype, tuple(block))
+    return memo(key, lambda: _descriptor(view, block))
+
+
+def _ones_descriptor(dtype: torch.dtype, device: torch.device, memo: Memo | None) -> TensorDescriptor:
+    """The tile of ones P is multiplied by for its row sums (``TC_SUM``), read by TMA with Q; kept in ``memo``
+    where given, so that a call neither allocates nor fills it."""
+    def make():
+        return _descriptor(torch.ones(8, ROWS_K, dtype=dtype, device=device), [8, ROWS_K])
+
+    return make() if memo is None else memo(("ones", dtype, str(device)), make)
+
+
 def default_stages(head_dim: int, qk: str, groups: int = 2) -> int:
     """Key/value stages that fit beside Q (64 rows per consumer warpgroup) in 227 KB of shared memory."""
     elem = 2 if qk == "plain" else 1
@@ -778,22 +802,24 @@ class Launch:
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
                 pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-                tree_max: bool | None = None, byte_p: bool | None = None) -> Launch:
+                tree_max: bool | None = None, byte_p: bool | None = None, memo: Memo | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
     ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
     (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from two FMAs instead of an exp2
-    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores."""
+    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores. ``memo``: where the descriptors of
+    ``qz``'s copies and the tile of ones are kept between calls (the workspace that ``qz``'s buffers came from;
+    the host's own tensors, read in plain mode, are never kept)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     rows_q = ROWS_HALF * groups
     n_m, n_n = -(-SQ // rows_q), -(-SK // ROWS_K)
     if qz is not None:
-        q_desc = _descriptor(qz.q.view(-1, D), [ROWS_HALF, D])
-        k_desc = _descriptor(qz.k.view(-1, D), [ROWS_K, D])
-        v_desc = _descriptor(qz.vt.view(-1, qz.sk_pad), [D, ROWS_K])
+        q_desc = _kept_descriptor(qz.q.view(-1, D), [ROWS_HALF, D], memo)
+        k_desc = _kept_descriptor(qz.k.view(-1, D), [ROWS_K, D], memo)
+        v_desc = _kept_descriptor(qz.vt.view(-1, qz.sk_pad), [D, ROWS_K], memo)
         rows = (H * qz.sq_pad, qz.sq_pad, 0, HK * qz.sk_pad, qz.sk_pad, 0, HK * D, D, 0)
         scales = (qz.q_scale, qz.k_scale, qz.v_scale)
     else:
@@ -826,7 +852,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     if narrow not in (0, 1, 2) or (byte_p and narrow == 1):
         raise ValueError(f"narrow must be 0, 1 or 2 (0 or 2 with byte_p), not {narrow!r}")
     if tc_sum:  # the tile of ones P is multiplied by; otherwise V's descriptor stands in, never read
-        ones_desc = _descriptor(torch.ones(8, ROWS_K, dtype=v_desc.base.dtype, device=q.device), [8, ROWS_K])
+        ones_desc = _ones_descriptor(v_desc.base.dtype, q.device, memo)
     else:
         ones_desc = v_desc
     if sparse:
@@ -856,9 +882,11 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      out: torch.Tensor | None = None, pin: bool | None = None,
                      tc_sum: bool | None = None, narrow: int | None = None,
                      tree_max: bool | None = None, byte_p: bool | None = None,
-                     prepared: Quantized | None = None) -> torch.Tensor:
+                     prepared: Quantized | None = None, memo: Memo | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade.
+    ``memo``: keeps host-side launch objects between calls (``plan_launch``); give it only with ``buffers`` of
+    the same workspace, so that the copies it describes stay where it saw them.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
     default ``DEFAULT_GROUPS`` for the head dim. With block lists, their query blocks are the program's
     rows: lists per 128 query rows take 2 (the default with lists), per 192 rows 3."""
@@ -895,6 +923,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
-                         narrow, tree_max, byte_p)
+                         narrow, tree_max, byte_p, memo)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

@@ -40,25 +40,23 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_row_block(X, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's block of rows of one (b, h) as float32 through the caller's strides (zeros past S)."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
+def _load_row_block(X, blk, bh, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Block ``blk`` of rows of head ``bh`` (b·H + h) as float32 through the caller's strides (zeros past S)."""
     rows = blk * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
     valid = rows[:, None] < S
     x = tl.load(X + (bh // H) * sxb + (bh % H) * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=valid,
                 other=0.0)
-    return x.to(tl.float32), blk, bh, rows, cols, valid
+    return x.to(tl.float32), rows, cols, valid
 
 
 @triton.jit
-def _quant_rows_kernel(X, OUT, SCALE, MEAN, SUMS, sxb, sxh, sxs, sxd, H, S, S_PAD, n_blocks, mult,
-                       D: tl.constexpr, BLOCK: tl.constexpr, HAS_MEAN: tl.constexpr, TO_INT8: tl.constexpr,
-                       QMAX: tl.constexpr, HAS_SUMS: tl.constexpr):
-    """One program per (b·h, row block): absmax scale, quantize, store padded contiguous rows.
-    ``HAS_SUMS``: also the block's column sums in float32 (the selector's pooled tiles, from this read)."""
-    x, blk, bh, rows, cols, valid = _load_row_block(X, sxb, sxh, sxs, sxd, H, S, D, BLOCK)
+def _quant_rows(X, OUT, SCALE, MEAN, SUMS, blk, bh, sxb, sxh, sxs, sxd, H, S, S_PAD, n_blocks, mult,
+                D: tl.constexpr, BLOCK: tl.constexpr, HAS_MEAN: tl.constexpr, TO_INT8: tl.constexpr,
+                QMAX: tl.constexpr, HAS_SUMS: tl.constexpr):
+    """One block of rows: absmax scale, quantize, store padded contiguous rows. ``HAS_SUMS``: also the
+    block's column sums in float32 (the selector's pooled tiles, from this read)."""
+    x, rows, cols, valid = _load_row_block(X, blk, bh, sxb, sxh, sxs, sxd, H, S, D, BLOCK)
     if HAS_SUMS:
         tl.store(SUMS + (bh * n_blocks + blk) * D + cols, tl.sum(x, axis=0))
     if HAS_MEAN:
@@ -77,31 +75,83 @@ def _quant_rows_kernel(X, OUT, SCALE, MEAN, SUMS, sxb, sxh, sxs, sxd, H, S, S_PA
 
 
 @triton.jit
-def _kv_stats_kernel(K, V, K_SUMS, V_MAX, skb, skh, sks, skd, svb, svh, svs, svd, H, S, n_blocks,
-                     D: tl.constexpr, BLOCK: tl.constexpr):
-    """One program per (b·h, key block): the block's column sums of K (float32; K's mean over the sequence
-    and the selector's pooled key tiles both come from them) and column absmax of V (V's per-channel scale),
-    in one read of each where ``k.mean`` and ``aminmax`` were a launch and a pass apiece."""
-    k, blk, bh, rows, cols, valid = _load_row_block(K, skb, skh, sks, skd, H, S, D, BLOCK)
-    v, _, _, _, _, _ = _load_row_block(V, svb, svh, svs, svd, H, S, D, BLOCK)
-    at = (bh * n_blocks + blk) * D + cols
-    tl.store(K_SUMS + at, tl.sum(k, axis=0))
-    tl.store(V_MAX + at, tl.max(tl.abs(v), axis=0))
+def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sqd, skb, skh, sks, skd,
+                       svb, svh, svs, svd, H, HK, SQ, SK, SQ_PAD, n_m, n_n, q_programs, mult,
+                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TO_INT8: tl.constexpr,
+                       QMAX: tl.constexpr, HAS_SUMS: tl.constexpr):
+    """What needs nothing computed first, in one launch: programs below ``q_programs`` quantize a block of Q
+    (``_quant_rows``, Q needs no mean); the rest read a block of K and V for K's column sums (its mean, and the
+    selector's pooled key tiles) and V's column absmax (V's per-channel scale). Why: launches cost the host
+    more than these passes cost the GPU at short sequences. With this kernel and ``_kv_scales_kernel``,
+    ``quantize`` makes three or four launches where it made five and seven torch operations; on the H200's
+    machine its host time fell from 133-139 to 79-100 us, and its GPU time from 0.271 to 0.250 ms at LTX and
+    from 0.668 to 0.657 at Wan-14B (benchmarks/results/2026-12-04-h200-s13, call e, same run)."""
+    pid = tl.program_id(0)
+    if pid < q_programs:
+        _quant_rows(Q, Q8, QS, QS, Q_SUMS, pid % n_m, pid // n_m, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult,
+                    D, BLOCK_M, False, TO_INT8, QMAX, HAS_SUMS)
+    else:
+        blk = (pid - q_programs) % n_n
+        bh = (pid - q_programs) // n_n
+        k, rows, cols, valid = _load_row_block(K, blk, bh, skb, skh, sks, skd, HK, SK, D, BLOCK_N)
+        v, _, _, _ = _load_row_block(V, blk, bh, svb, svh, svs, svd, HK, SK, D, BLOCK_N)
+        at = (bh * n_n + blk) * D + cols
+        tl.store(K_SUMS + at, tl.sum(k, axis=0))
+        tl.store(V_MAX + at, tl.max(tl.abs(v), axis=0))
 
 
 @triton.jit
-def _quant_v_kernel(V, OUT, VSCALE, svb, svh, svs, svd, H, S, S_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
-                    PERMUTE: tl.constexpr):
-    """V / per-channel scale to FP8, written transposed: OUT[b·h, d, s] (padded columns are zero).
+def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, CHUNK: tl.constexpr):
+    """One program per key/value head: K's mean over the sequence from its block sums, and V's per-channel
+    scale (absmax / 448, at least 1e-20) from its block maxima; one launch where torch took seven."""
+    bh = tl.program_id(0)
+    cols = tl.arange(0, D)
+    total = tl.zeros([D], dtype=tl.float32)
+    vmax = tl.zeros([D], dtype=tl.float32)
+    for start in range(0, n_n, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        at = (bh * n_n + blocks[:, None]) * D + cols[None, :]
+        inside = (blocks < n_n)[:, None]
+        total += tl.sum(tl.load(K_SUMS + at, mask=inside, other=0.0), axis=0)
+        vmax = tl.maximum(vmax, tl.max(tl.load(V_MAX + at, mask=inside, other=0.0), axis=0))
+    tl.store(K_MEAN + bh * D + cols, total / SK)
+    tl.store(V_SCALE + bh * D + cols, tl.maximum(vmax / 448.0, 1e-20))
 
-    PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column 16h + 4t + 2a + b, the
-    order in which the Hopper schedule hands P to its P·V product (``hopper_attention._as_operand``)."""
-    v, blk, bh, rows, cols, valid = _load_row_block(V, svb, svh, svs, svd, H, S, D, BLOCK)
+
+@triton.jit
+def _quant_v_block(V, VT8, VSCALE, blk, bh, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
+                   PERMUTE: tl.constexpr):
+    """One block of V over its per-channel scale to FP8, written transposed: VT8[b·h, d, s] (padded columns
+    are zero). PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column 16h + 4t + 2a + b,
+    the order in which the Hopper schedule hands P to its P·V product (``hopper_attention._as_operand``)."""
+    v, rows, cols, valid = _load_row_block(V, blk, bh, svb, svh, svs, svd, HK, SK, D, BLOCK)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
     if PERMUTE:
         rows = (rows & ~15) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
-    tl.store(OUT + (bh * D + cols[None, :]) * S_PAD + rows[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+    tl.store(VT8 + (bh * D + cols[None, :]) * SK_PAD + rows[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+
+
+@triton.jit
+def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb, svh, svs, svd, HK, SK, SK_PAD, n_n,
+                     k_programs, D: tl.constexpr, BLOCK: tl.constexpr, TO_INT8: tl.constexpr, QMAX: tl.constexpr,
+                     PERMUTE: tl.constexpr, PART: tl.constexpr):
+    """K (its mean subtracted, ``_quant_rows``) and V (``_quant_v_block``) quantized, a block per program.
+    ``PART`` 0: both in one launch, K's blocks below ``k_programs``; 1: K only; 2: V only. A kernel compiled
+    for one part holds only that part's registers, which the two-launch path at head dim 128 relies on."""
+    pid = tl.program_id(0)
+    if PART == 1:
+        _quant_rows(K, K8, KS, K_MEAN, KS, pid % n_n, pid // n_n, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
+                    D, BLOCK, True, TO_INT8, QMAX, False)
+    elif PART == 2:
+        _quant_v_block(V, VT8, VSCALE, pid % n_n, pid // n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE)
+    elif pid < k_programs:
+        _quant_rows(K, K8, KS, K_MEAN, KS, pid % n_n, pid // n_n, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
+                    D, BLOCK, True, TO_INT8, QMAX, False)
+    else:
+        blk = (pid - k_programs) % n_n
+        bh = (pid - k_programs) // n_n
+        _quant_v_block(V, VT8, VSCALE, blk, bh, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE)
 
 
 @triton.jit
@@ -328,10 +378,11 @@ def _cdiv(a: int, b: int) -> int:
 
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
              sums: bool = False) -> Quantized:
-    """One pass over K and V for K's column sums (its mean) and V's channel absmax, then one pass each over
-    Q, K and V to quantize them. ``permute_v``: V's keys in the Hopper schedule's P order (see
-    ``_quant_v_kernel``). ``sums``: Q's column sums per query block as well, written by the pass that
-    quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without reading Q and K again)."""
+    """Three launches: Q quantized beside one pass over K and V for K's column sums (its mean) and V's
+    channel absmax; K's mean and V's scales from those; K and V quantized. ``permute_v``: V's keys in the
+    Hopper schedule's P order (see ``_quant_kv_kernel``). ``sums``: Q's column sums per query block as well,
+    written by the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without
+    reading Q and K again)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -347,22 +398,25 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     k_sums = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
-    _kv_stats_kernel[(n_n, B * HK)](k, v, k_sums, v_max, *k.stride(), *v.stride(), HK, SK, n_n, D=D,
-                                    BLOCK=cfg.block_n)
-    k_mean = (k_sums.sum(2) / SK).reshape(B * HK, D).contiguous()
-    v_scale = (v_max.amax(2).reshape(B * HK, D) / FP8_MAX).clamp_min(1e-20).contiguous()
+    k_mean = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
+    v_scale = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
     to_int8 = qk == "int8"
-    _quant_rows_kernel[(n_m, B * H)](q, q8, qs, qs, q_sums, *q.stride(), H, SQ, sq_pad, n_m, scale * LOG2E,
-                                     D=D, BLOCK=cfg.block_m, HAS_MEAN=False, TO_INT8=to_int8, QMAX=qmax,
-                                     HAS_SUMS=sums)
-    _quant_rows_kernel[(n_n, B * HK)](k, k8, ks, k_mean, ks, *k.stride(), HK, SK, sk_pad, n_n, 1.0,
-                                      D=D, BLOCK=cfg.block_n, HAS_MEAN=True, TO_INT8=to_int8, QMAX=qmax,
-                                      HAS_SUMS=False)
-    # eight warps for V's transposed stores at head dim 128: 0.166 against 0.310 ms at Wan-14B's 40 x 32760 x 128
-    # on the H200 (the other passes were slower at eight; at head dim 64 it tied, 0.065 against 0.064 at LTX;
-    # benchmarks/results/2026-12-03-h200-s12, quantize_kernels.py)
-    _quant_v_kernel[(n_n, B * HK)](v, vt8, v_scale, *v.stride(), HK, SK, sk_pad, D=D, BLOCK=cfg.block_n,
-                                   PERMUTE=permute_v, num_warps=8 if D >= 128 else 4)
+    q_programs, kv_programs = n_m * B * H, n_n * B * HK
+    _first_pass_kernel[(q_programs + kv_programs,)](
+        q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, HK, SQ, SK, sq_pad, n_m, n_n,
+        q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax,
+        HAS_SUMS=sums)
+    _kv_scales_kernel[(B * HK,)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, CHUNK=32)
+    kv = (k, k8, ks, k_mean, v, vt8, v_scale, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
+    flags = dict(D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v)
+    # H200, benchmarks/results/2026-12-04-h200-s13/e-parts (quantize_kernels.py): at LTX's 32 x 27588 x 64, K and V
+    # in one launch 0.105 ms against 0.050 + 0.063 in two. At Wan-14B's 40 x 32760 x 128, V's transposed stores want
+    # eight warps (0.172 against 0.308 ms) and K's rows four (0.125 against 0.141); in one launch at eight, 0.336
+    if D < 128:
+        _quant_kv_kernel[(2 * kv_programs,)](*kv, **flags, PART=0)
+    else:
+        _quant_kv_kernel[(kv_programs,)](*kv, **flags, PART=1)
+        _quant_kv_kernel[(kv_programs,)](*kv, **flags, PART=2, num_warps=8)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
                      permute_v, k_sums, q_sums if sums else None)
 
