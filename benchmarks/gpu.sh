@@ -61,6 +61,8 @@
 #                                        (kept or remade descriptors; quantize against aafbab4's); quantize_kernels.py
 #   bash benchmarks/gpu.sh s13-parts     (carry .whl)          no fa4: K and V compiled apart at head dim 128 (PART): tests;
 #                                        quantize_kernels.py; quantize against aafbab4's (host_costs.py, one round)
+#   bash benchmarks/gpu.sh s13-ltx       (carry .whl, after prep and join)  install; the sparse stage at LTX with fa4
+#                                        alongside (selected and window; FP8 and plain, 192-row lists)
 #   bash benchmarks/gpu.sh s13-host      (carry .whl)          no fa4: descriptors kept by the workspace (tests); the host's
 #                                        share of the FP8 calls, kept or remade (host_costs.py); the forms' GPU tests
 #   bash benchmarks/gpu.sh s12-quant     (carry .whl)          no fa4: the quantization passes one by one at 4 and 8 warps;
@@ -301,6 +303,14 @@ s13-parts)  # carry .whl (no fa4): at head dim 128 K and V each launch a kernel 
     timeout 200 python3 benchmarks/experiments/host_costs.py --out "$OUT" --rounds 1 --variants memo \
         --before-quant benchmarks/experiments/quant_attention_before.py 2>&1 | tee "$OUT/host-costs.log" \
         | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -20
+    ;;
+s13-ltx)  # carry .whl, after prep and join: the sparse stage at LTX after this session's host work, fa4 alongside
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 \
+        --patterns selected window --skip-attach --consumers ditgate_fp8_hopper_192 fp8_sparse_form fp8_sparse_pooled \
+        ditgate_plain_hopper_192 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -40
     ;;
 s13-host)  # carry .whl (no fa4): the workspace keeps the launch's descriptors and tile of ones (WorkspacePool.memo);
     # its test, then the host's share of the FP8 calls with them kept or remade, then the forms' GPU tests
