@@ -484,6 +484,16 @@ def test_lists_of_one_slot_and_junk_past_the_count(qk, groups):
     assert torch.equal(out, ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups))
 
 
+def test_a_memo_without_its_workspace_is_refused():
+    """Kept descriptors are keyed by address: over copies allocated afresh each call, every call would keep
+    one more (and the memory under it), so ``memo`` comes only with the workspace's ``buffers``."""
+    from ditgate.forms.workspace import WorkspacePool
+
+    q = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="buffers"):
+        ha.hopper_attention(q, q, q, qk="fp8", memo=WorkspacePool().memo)
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("qk", ["fp8", "int8"])

@@ -894,6 +894,8 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
         raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
     if (kv_index is None) != (kv_count is None):
         raise ValueError("kv_index and kv_count go together")
+    if memo is not None and buffers is None:  # fresh copies at fresh addresses: every call would keep one more
+        raise ValueError("memo keeps descriptors of a workspace's buffers: give that workspace's buffers too")
     why = ready(q, k, v)
     if why:
         raise ValueError(why)
