@@ -63,6 +63,8 @@
 #                                        quantize_kernels.py; quantize against aafbab4's (host_costs.py, one round)
 #   bash benchmarks/gpu.sh s13-ltx       (carry .whl, after prep and join)  install; the sparse stage at LTX with fa4
 #                                        alongside (selected and window; FP8 and plain, 192-row lists)
+#   bash benchmarks/gpu.sh s13-scales    (carry .whl)          no fa4: K's mean and V's scales in one step per program:
+#                                        tests; quantize_kernels.py; quantize against e5f3a86's (host_costs.py, LTX)
 #   bash benchmarks/gpu.sh s13-host      (carry .whl)          no fa4: descriptors kept by the workspace (tests); the host's
 #                                        share of the FP8 calls, kept or remade (host_costs.py); the forms' GPU tests
 #   bash benchmarks/gpu.sh s12-quant     (carry .whl)          no fa4: the quantization passes one by one at 4 and 8 warps;
@@ -311,6 +313,18 @@ s13-ltx)  # carry .whl, after prep and join: the sparse stage at LTX after this 
         --patterns selected window --skip-attach --consumers ditgate_fp8_hopper_192 fp8_sparse_form fp8_sparse_pooled \
         ditgate_plain_hopper_192 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -40
+    ;;
+s13-scales)  # carry .whl (no fa4): _kv_scales_kernel reads every block in one step (up to 256) over 32 channels per
+    # program; against e5f3a86's quantize (written beside host_costs.py, untracked)
+    install_small
+    timeout 60 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_fused_pooling.py \
+        -k "not hopper_kernel or (matches_reference and schedule3 and odd and not plain)" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -2 | tee "$OUT/pytest.txt"
+    timeout 45 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" 2>&1 | grep "mean and V\|quantize_for" \
+        | tee "$OUT/quantize-kernels.txt"
+    timeout 130 python3 benchmarks/experiments/host_costs.py --out "$OUT" --shapes ltx wan --rounds 1 --variants memo \
+        --calls 20 --before-quant benchmarks/experiments/quant_attention_before.py 2>&1 | grep "quantize" \
+        | tee "$OUT/host-costs.txt"
     ;;
 s13-host)  # carry .whl (no fa4): the workspace keeps the launch's descriptors and tile of ones (WorkspacePool.memo);
     # its test, then the host's share of the FP8 calls with them kept or remade, then the forms' GPU tests

@@ -56,9 +56,9 @@ def main() -> None:
                     q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S, n_m * bm,
                     n_m, n_n, q_programs, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0, HAS_SUMS=True,
                     num_warps=warps),
-                "K's mean and V's scales": lambda: scales[(H,)](
+                "K's mean and V's scales": lambda: scales[(H, D // 32)](
                     k_sums, v_max, torch.empty(H, D, device="cuda"), torch.empty(H, D, device="cuda"), n_n, S, D=D,
-                    CHUNK=32, num_warps=warps),
+                    COLS=32, CHUNK=min(256, triton.next_power_of_2(n_n)), num_warps=warps),
                 **{f"{what} quantized": lambda part=part, programs=programs: kv[(programs,)](
                     k, k8, ks, mean, v, vt8, v_scale, *k.stride(), *v.stride(), H, S, n_n * bn, n_n, kv_programs,
                     D=D, BLOCK=bn, TO_INT8=False, QMAX=448.0, PERMUTE=True, PART=part, num_warps=warps)

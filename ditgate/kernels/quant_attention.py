@@ -85,7 +85,8 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
     more than these passes cost the GPU at short sequences. With this kernel and ``_kv_scales_kernel``,
     ``quantize`` makes three or four launches where it made five and seven torch operations; on the H200's
     machine its host time fell from 133-139 to 79-100 us, and its GPU time from 0.271 to 0.250 ms at LTX and
-    from 0.668 to 0.657 at Wan-14B (benchmarks/results/2026-12-04-h200-s13, call e, same run)."""
+    from 0.668 to 0.657 at Wan-14B (benchmarks/results/2026-12-04-h200-s13, call e, same run); with the scales
+    in one step per program (call g), 0.233 and 0.635 ms."""
     pid = tl.program_id(0)
     if pid < q_programs:
         _quant_rows(Q, Q8, QS, QS, Q_SUMS, pid % n_m, pid // n_m, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult,
@@ -101,13 +102,17 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
 
 
 @triton.jit
-def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, CHUNK: tl.constexpr):
-    """One program per key/value head: K's mean over the sequence from its block sums, and V's per-channel
-    scale (absmax / 448, at least 1e-20) from its block maxima; one launch where torch took seven."""
+def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, COLS: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    """One program per key/value head and ``COLS`` channels: K's mean over the sequence from its block sums,
+    and V's per-channel scale (absmax / 448, at least 1e-20) from its block maxima; one launch where torch
+    took seven. ``CHUNK`` blocks per step: every block in one step up to 256 blocks (32768 keys), so the
+    program waits for one load, not one per 32 blocks: 0.011 against 0.026 ms at LTX, 0.012 against 0.034 at
+    Wan-14B (H200, benchmarks/results/2026-12-04-h200-s13, calls g and e)."""
     bh = tl.program_id(0)
-    cols = tl.arange(0, D)
-    total = tl.zeros([D], dtype=tl.float32)
-    vmax = tl.zeros([D], dtype=tl.float32)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    total = tl.zeros([COLS], dtype=tl.float32)
+    vmax = tl.zeros([COLS], dtype=tl.float32)
     for start in range(0, n_n, CHUNK):
         blocks = start + tl.arange(0, CHUNK)
         at = (bh * n_n + blocks[:, None]) * D + cols[None, :]
@@ -406,7 +411,9 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
         q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, HK, SQ, SK, sq_pad, n_m, n_n,
         q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax,
         HAS_SUMS=sums)
-    _kv_scales_kernel[(B * HK,)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, CHUNK=32)
+    cols = min(32, D)
+    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, COLS=cols,
+                                           CHUNK=min(256, triton.next_power_of_2(n_n)))
     kv = (k, k8, ks, k_mean, v, vt8, v_scale, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
     flags = dict(D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v)
     # H200, benchmarks/results/2026-12-04-h200-s13/e-parts (quantize_kernels.py): at LTX's 32 x 27588 x 64, K and V
