@@ -30,6 +30,14 @@ SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, seque
 FRACTIONS = (0.125, 0.25, 0.3, 0.5, 1.0)
 
 
+def random_inputs(shape: str):
+    """Q, K, V of one of ``SHAPES`` (random bf16 in diffusers' [B, S, H, D] storage, seen as B, H, S, D), the
+    softmax scale and the query rows per list tile: what this script and ``host_costs.py`` time."""
+    h, s, d, groups = SHAPES[shape]
+    q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    return q, k, v, d ** -0.5, 64 * groups
+
+
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200)
 
@@ -77,10 +85,8 @@ def main() -> None:
     record, rows = recorder(out, "fixed-costs.json", "benchmarks/experiments/fixed_costs.py")
 
     for shape in args.shapes:
-        h, s, d, groups = SHAPES[shape]
-        rows_q = 64 * groups
-        q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
-        scale = d ** -0.5
+        h, s, _, groups = SHAPES[shape]
+        q, k, v, scale, rows_q = random_inputs(shape)
         if args.whole_rounds:
             whole_calls(q, k, v, scale, rows_q, args.whole_rounds, lambda **row: record(shape=shape, **row))
         if args.whole_only:

@@ -33,9 +33,10 @@ from ditgate.forms.workspace import WorkspacePool
 from ditgate.kernels import hopper_attention as ha
 from ditgate.sparse.layout import TokenLayout
 from ditgate.sparse.selector import TileSelector
-from json_rows import recorder  # beside this script (its directory is on the path)
+from fixed_costs import SHAPES, random_inputs  # beside this script, as the helpers below
+from json_rows import recorder
+from module_file import load_module
 
-SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, sequence, head dim, warpgroups
 BUDGET = 0.3
 
 
@@ -64,17 +65,6 @@ def alone_ms(fn, calls: int) -> float:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
-
-
-def load_module(path: str, name: str):
-    """A module from a file (an earlier commit's kernel module, for an A/B in one run)."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
 
 
 def forms(variant: str):
@@ -109,10 +99,8 @@ def main() -> None:
     from ditgate.forms.base import describe_call
 
     for shape in args.shapes:
-        h, s, d, groups = SHAPES[shape]
-        rows_q = 64 * groups
-        q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
-        scale = d ** -0.5
+        _, s, _, groups = SHAPES[shape]
+        q, k, v, scale, rows_q = random_inputs(shape)
         layout, selector = TokenLayout.video_then(s), TileSelector(ha.ROWS_K)
         qz = ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=True)
         means = qz.tile_means(rows_q, s, s)

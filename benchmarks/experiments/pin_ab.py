@@ -21,8 +21,6 @@ removed) and ``schedule``."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ import triton.testing
 
 from ditgate.kernels.hopper_attention import ROWS_K, hopper_attention
 from json_rows import recorder  # beside this script (its directory is on the path)
+from module_file import load_module
 
 SHAPES = {"ltx": (32, 27588, 64, 3), "wan": (40, 32760, 128, 2)}  # heads, sequence, head dim, warpgroups
 
@@ -88,10 +87,7 @@ def main() -> None:
                 for spec in args.variants]  # "default": the launch as ditgate's forms make it
     kernels = {0: hopper_attention}
     if args.before:
-        spec = importlib.util.spec_from_file_location("hopper_attention_before", args.before)
-        before = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(before)
-        kernels[1] = before.hopper_attention
+        kernels[1] = load_module(args.before, "hopper_attention_before").hopper_attention
 
     def attend(*tensors, before=0, **call):
         return kernels[before](*tensors, **call)

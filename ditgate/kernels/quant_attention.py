@@ -92,8 +92,7 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
         _quant_rows(Q, Q8, QS, QS, Q_SUMS, pid % n_m, pid // n_m, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult,
                     D, BLOCK_M, False, TO_INT8, QMAX, HAS_SUMS)
     else:
-        blk = (pid - q_programs) % n_n
-        bh = (pid - q_programs) // n_n
+        blk, bh = (pid - q_programs) % n_n, (pid - q_programs) // n_n
         k, rows, cols, valid = _load_row_block(K, blk, bh, skb, skh, sks, skd, HK, SK, D, BLOCK_N)
         v, _, _, _ = _load_row_block(V, blk, bh, svb, svh, svs, svd, HK, SK, D, BLOCK_N)
         at = (bh * n_n + blk) * D + cols
@@ -124,11 +123,13 @@ def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, 
 
 
 @triton.jit
-def _quant_v_block(V, VT8, VSCALE, blk, bh, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
+def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
                    PERMUTE: tl.constexpr):
-    """One block of V over its per-channel scale to FP8, written transposed: VT8[b·h, d, s] (padded columns
-    are zero). PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column 16h + 4t + 2a + b,
-    the order in which the Hopper schedule hands P to its P·V product (``hopper_attention._as_operand``)."""
+    """V's ``p``-th block (head p // n_n) over its per-channel scale to FP8, written transposed: VT8[b·h, d, s]
+    (padded columns are zero). PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column
+    16h + 4t + 2a + b, the order in which the Hopper schedule hands P to its P·V product
+    (``hopper_attention._as_operand``)."""
+    blk, bh = p % n_n, p // n_n
     v, rows, cols, valid = _load_row_block(V, blk, bh, svb, svh, svs, svd, HK, SK, D, BLOCK)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
@@ -145,18 +146,14 @@ def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb,
     ``PART`` 0: both in one launch, K's blocks below ``k_programs``; 1: K only; 2: V only. A kernel compiled
     for one part holds only that part's registers, which the two-launch path at head dim 128 relies on."""
     pid = tl.program_id(0)
-    if PART == 1:
-        _quant_rows(K, K8, KS, K_MEAN, KS, pid % n_n, pid // n_n, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
-                    D, BLOCK, True, TO_INT8, QMAX, False)
-    elif PART == 2:
-        _quant_v_block(V, VT8, VSCALE, pid % n_n, pid // n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE)
-    elif pid < k_programs:
+    if PART == 2:
+        pid += k_programs  # V's programs follow K's, as in the one-launch grid
+    if PART == 1 or (PART == 0 and pid < k_programs):
         _quant_rows(K, K8, KS, K_MEAN, KS, pid % n_n, pid // n_n, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
                     D, BLOCK, True, TO_INT8, QMAX, False)
     else:
-        blk = (pid - k_programs) % n_n
-        bh = (pid - k_programs) // n_n
-        _quant_v_block(V, VT8, VSCALE, blk, bh, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE)
+        _quant_v_block(V, VT8, VSCALE, pid - k_programs, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK,
+                       PERMUTE)
 
 
 @triton.jit
@@ -383,8 +380,9 @@ def _cdiv(a: int, b: int) -> int:
 
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
              sums: bool = False) -> Quantized:
-    """Three launches: Q quantized beside one pass over K and V for K's column sums (its mean) and V's
-    channel absmax; K's mean and V's scales from those; K and V quantized. ``permute_v``: V's keys in the
+    """Three launches (four at head dim 128, where K and V are quantized apart): Q quantized beside one pass
+    over K and V for K's column sums (its mean) and V's channel absmax; K's mean and V's scales from those;
+    K and V quantized. ``permute_v``: V's keys in the
     Hopper schedule's P order (see ``_quant_kv_kernel``). ``sums``: Q's column sums per query block as well,
     written by the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without
     reading Q and K again)."""
