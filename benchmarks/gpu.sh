@@ -73,6 +73,18 @@
 #                                        fa4 (lists at LTX); the sparse stage at both shapes, the form pooling or not
 #   bash benchmarks/gpu.sh s12-whole     (carry .whl)          no fa4: the FP8 sparse form's whole call, the selector
 #                                        pooling or the quantization pooling, interleaved rounds (fixed_costs.py)
+#   bash benchmarks/gpu.sh s14-lazy      (carry .whl)          no fa4: the output rescaled only where a row's max moved
+#                                        (lazy): tests, A/B (pin_ab.py); V's store in order (call a also timed 1, 2, 4 Q blocks per program)
+#                                        (quantize_kernels.py against d531867's quant_attention, written beside it)
+#   bash benchmarks/gpu.sh s14-lazytest  (carry .whl)          no fa4: the lazy rescale's GPU tests; with QUANT_PARTS=1
+#                                        quantize_kernels.py at 2, 4 and 8 warps
+#   bash benchmarks/gpu.sh s14-warps     (carry .whl)          no fa4: the first pass at two warps: tests; quantize_kernels.py
+#                                        against d531867's quant_attention (written beside it)
+#   bash benchmarks/gpu.sh s14-ltx       (carry .whl, after prep and join)  install; at LTX, FP8 and INT8 against cuDNN
+#                                        and fa4 (pin_ab.py, lazy or not); the sparse stage with fa4 alongside
+#   bash benchmarks/gpu.sh s14-final     (carry .whl, after prep and join)  install; GPU tests (lazy rescale, lists,
+#                                        forms); FP8 and INT8 against cuDNN and fa4, lazy or not (pin_ab.py); the
+#                                        sparse stage at LTX with fa4 alongside
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -106,10 +118,64 @@ for schedule in map(int, os.environ["SCHEDULES"].split()):
 PY
     return "${PIPESTATUS[0]}"
 }
+sparse_ltx() {  # the sparse stage at LTX, selected and window, the 192-row consumers and the FP8 forms; the last $1 lines
+    timeout 240 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 \
+        --patterns selected window --skip-attach --consumers ditgate_fp8_hopper_192 fp8_sparse_form fp8_sparse_pooled \
+        ditgate_plain_hopper_192 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -"$1"
+}
 install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 }
 case "$stage" in
+s14-final)  # carry .whl, after prep and join
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_gpu.py -k "not test_hopper_kernel.py or lazy \
+        or (lists_equal and schedule3) or p_bytes_over or (matches_reference and schedule3 and not plain)" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest.txt"
+    timeout 150 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --rounds 2 --modes fp8 int8 \
+        --variants default lazy=0 --list-lengths 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args" | tail -22
+    sparse_ltx 30
+    ;;
+s14-ltx)  # carry .whl, after prep and join: the session's final code at LTX, fa4 alongside: FP8 and INT8 (lazy or
+    # not) against cuDNN and fa4; the sparse stage
+    install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 120 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --rounds 2 --shapes ltx --modes fp8 int8 \
+        --variants default lazy=0 --list-lengths 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args" | tail -12
+    sparse_ltx 30
+    ;;
+s14-warps)  # carry .whl (no fa4): the first pass at two warps: the tests that read the copies; quantize_kernels.py
+    install_small
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_fused_pooling.py \
+        -k "not test_hopper_kernel.py or (matches_reference and schedule3 and not plain) or selectors_sums or quantize" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 100 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" --warps 4 \
+        --before benchmarks/experiments/quant_attention_before.py 2>&1 | grep -v "^{" | tail -24
+    ;;
+s14-lazytest)  # carry .whl (no fa4): the lazy rescale's GPU tests alone, with their failures' lines; then the
+    # quantization's passes at 2, 4 and 8 warps, the first pass's Q and K/V programs also timed apart
+    install_small
+    timeout 240 python3 -m pytest -q tests/test_hopper_kernel.py -k "lazy" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -30 | tee "$OUT/pytest.txt"
+    if [ -n "${QUANT_PARTS:-}" ]; then
+        timeout 120 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" --warps 2 4 8 2>&1 | grep -v "^{" \
+            | tail -40
+    fi
+    ;;
+s14-lazy)  # carry .whl (no fa4)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py -k "lazy or (p_bytes and (odd or d128 or gqa)) or quantize" \
+        2>&1 | grep -v "aux_data\|exe_args" | tail -4 | tee "$OUT/pytest.txt"
+    timeout 100 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" \
+        --before benchmarks/experiments/quant_attention_before.py 2>&1 | grep -v "^{" | tail -36
+    timeout 240 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --rounds 2 --modes fp8 int8 --variants lazy=0 lazy=1 \
+        --list-lengths 27 65 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -30
+    ;;
 s8-prep)  # carry .big/a (call b of results s8 carried the tree's kernels as a "before" module: see selector_ab.py)
     cp .big/a/cu13.partaa /tmp/
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
@@ -309,10 +375,7 @@ s13-parts)  # carry .whl (no fa4): at head dim 128 K and V each launch a kernel 
 s13-ltx)  # carry .whl, after prep and join: the sparse stage at LTX after this session's host work, fa4 alongside
     install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
-    timeout 240 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 \
-        --patterns selected window --skip-attach --consumers ditgate_fp8_hopper_192 fp8_sparse_form fp8_sparse_pooled \
-        ditgate_plain_hopper_192 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
-        | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -40
+    sparse_ltx 40
     ;;
 s13-scales)  # carry .whl (no fa4): _kv_scales_kernel reads every block in one step (up to 256) over 32 channels per
     # program; against e5f3a86's quantize (written beside host_costs.py, untracked)

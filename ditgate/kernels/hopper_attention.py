@@ -115,6 +115,16 @@ TREE_MAXED = frozenset({("plain", 64, None)})
 # lists at Wan-14B (budget 0.3, selection included): 10.50 ms in call d, 8.45-8.56 in calls e and f
 BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), ("int8", 128, None), ("fp8", 64, 192),
                      ("fp8", 128, 128)})
+# (mode, head dim, list rows or None) where the output is rescaled only when a row's max rose past LAZY_TAU
+# (``_rows_rescaled``, with P's bytes), against every block, both from the same kernel in one run
+# (benchmarks/results/2026-12-04-h200-s14, calls a, b and e, pin_ab.py, two rounds each): dense FP8 at LTX
+# 8.275-8.408 ms against 8.462-8.582, faster in all six pairs by 1.1-2.2 %, the cosine unchanged (0.99830-0.99832).
+# Everywhere else it lost (call a): INT8 at LTX 9.025-9.027 against 8.985-9.006; FP8 lists
+# at LTX of 27 / 65 blocks 1.439 / 2.848 against 1.432 / 2.826; at Wan-14B FP8 23.12-25.51 against 22.80-22.94,
+# INT8 24.63-25.65 against 23.76-23.95. The vote, the branch and each row's compare and select cost more than
+# the 32 (64) multiplies they skip wherever the rows' maxima still move often (short lists) or the step is
+# longer (INT8's integer adds, head dim 128's two votes)
+LAZY_RESCALED = frozenset({("fp8", 64, None)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("fp8", 128, 128), ("int8", 64, None), ("int8", 128, None)})
@@ -171,7 +181,7 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
 
 @gluon.jit
 def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr = False):
+                  SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr = False, LAZY: gl.constexpr = False):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) = max(raw) · c).
@@ -180,7 +190,10 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     S_K), masked where ``j`` is the last key block. Only ever the last visited block (the lists ascend), so the
     loop body stays free of the mask (ptxas turns the branch into selects on every element). ``TREE_MAX``: the
     row max as a tree (``_row_max``). ``BYTE_P``: P comes back as floats whose lowest byte is P's FP8 byte
-    (``_byte_p``), with no exp2 but alpha's. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
+    (``_byte_p``), with no exp2 but alpha's. ``LAZY`` (with ``BYTE_P``): a row keeps its reference max until the
+    block's max passes it by ``LAZY_TAU``, so alpha is exactly 1 on most rows and most blocks (``_rows_rescaled``
+    then skips the output's rescale); exact in real arithmetic, as any reference is, since P and its row sums
+    share it. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
     the FMA units, as FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
     benchmarks/results/2026-12-03-h200-s8, call e: plain 12.56-13.05 against 12.24-12.30 ms at LTX, FP8
     10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
@@ -199,7 +212,12 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
             cols = j * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, s.type.layout))
             raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
     m_new = gl.maximum(m_i, (_row_max(raw, TREE_MAX) - offset) * c)
-    alpha = gl.exp2(m_i - m_new)
+    if LAZY:  # keep the row's reference unless its max rose past LAZY_TAU (``_rows_rescaled``)
+        moved = m_new > m_i + LAZY_TAU
+        alpha = gl.where(moved, gl.exp2(m_i - m_new), 1.0)
+        m_new = gl.where(moved, m_new, m_i)
+    else:
+        alpha = gl.exp2(m_i - m_new)
     if BYTE_P:
         p = _byte_p(raw, c, m_new, offset)
     else:
@@ -210,6 +228,9 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
 
 
 BYTE_TOP = gl.constexpr(120.0)  # P's FP8 byte at the row max (``_byte_p``): 0x78, 256
+# how far (log2 units) a row's max may rise above the reference its P is taken from before the output is
+# rescaled (``LAZY``): P's byte then reaches at most 120 + 8 · 0.75 = 126, e4m3's largest finite (448)
+LAZY_TAU = gl.constexpr(0.75)
 
 
 @gluon.jit
@@ -422,6 +443,41 @@ def _rescaled(x, alpha):
     return x * gl.convert_layout(alpha, gl.SliceLayout(1, x.type.layout))[:, None]
 
 
+@gluon.constexpr_function
+def _rows_rescaled_ptx(n):
+    """The asm of ``_rows_rescaled`` over ``n`` values: $0.. the values (tied to their inputs), $2n.. their rows'
+    factors, of which values 0 and 2 hold the thread's two rows."""
+    muls = " ".join(f"mul.f32 ${i}, ${i + n}, ${i + 2 * n};" for i in range(n))
+    return (f"{{ .reg .pred moved, any; setp.ne.f32 moved, ${2 * n}, 0f3F800000; "
+            f"setp.ne.or.f32 moved, ${2 * n + 2}, 0f3F800000, moved; vote.sync.any.pred any, moved, 0xffffffff; "
+            f"@!any bra.uni KEPT; {muls} KEPT: }}")
+
+
+@gluon.constexpr_function
+def _rows_rescaled_constraints(n):
+    """``n`` outputs, each tied to its value's input, then ``n`` factors."""
+    return ",".join(["=r"] * n + [str(i) for i in range(n)] + ["r"] * n)
+
+
+@gluon.jit
+def _rows_rescaled(x, alpha):
+    """``_rescaled`` for an accumulator of Hopper's warpgroup layout, skipped by every warp none of whose rows
+    has a factor other than 1 (``LAZY``: most blocks once a row's max has settled). A warp's 16 rows are two per
+    thread, values 0 and 2 of each group of 32 in that layout's register order (a row's pairs of columns, then
+    the row 8 below's); the multiplies run for the whole warp or not at all, behind one vote and branch."""
+    n: gl.constexpr = 32
+    a = gl.broadcast(gl.convert_layout(alpha, gl.SliceLayout(1, x.type.layout))[:, None], x)[0]
+    return gl.inline_asm_elementwise(_rows_rescaled_ptx(n), _rows_rescaled_constraints(n), [x, a],
+                                     dtype=gl.float32, is_pure=True, pack=n)
+
+
+@gluon.jit
+def _scaled_output(acc, alpha, LAZY: gl.constexpr):
+    if LAZY:
+        return _rows_rescaled(acc, alpha)
+    return _rescaled(acc, alpha)
+
+
 @gluon.jit
 def _sum_product(pv, ones_smem, lacc):
     """P·1 for P's row sums (``TC_SUM``), issued: a fresh 64 x 8 accumulator, every column the block's sum."""
@@ -432,7 +488,7 @@ def _sum_product(pv, ones_smem, lacc):
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
                  MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
-                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
+                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
     """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V (and P·1, ``TC_SUM``), each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
@@ -440,8 +496,8 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, k
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
-                                       TREE_MAX, BYTE_P)
-    acc = _rescaled(acc, alpha)
+                                       TREE_MAX, BYTE_P, LAZY)
+    acc = _scaled_output(acc, alpha, LAZY)
     pv = _as_operand(p, v_bufs.dtype, o_layout, BYTE_P)
     acc = warpgroup_mma(pv, _v_operand(v_bufs, st, V_T), acc, is_async=True)
     if TC_SUM:
@@ -461,7 +517,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
                      GROUPS: gl.constexpr, sums, PIN: gl.constexpr, lacc, ones_smem, TC_SUM: gl.constexpr,
-                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
+                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -486,7 +542,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
         mbarrier.wait(turn.index(PART), (i - 1) & 1)
     s_tok = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if EARLY:
-        acc = _rescaled(acc, alpha)
+        acc = _scaled_output(acc, alpha, LAZY)
         if TC_SUM:
             lacc = _rescaled(lacc, alpha)
     o_tok = warpgroup_mma(pd, _v_operand(v_bufs, prev, V_T), acc, is_async=True)
@@ -499,7 +555,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     else:
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
-                                       TREE_MAX, BYTE_P)
+                                       TREE_MAX, BYTE_P, LAZY)
     if PIN:
         sums.store(l_i)
     if TC_SUM:
@@ -510,7 +566,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     _hold(pd)
     mbarrier.arrive(kv_empty.index(prev), count=1)
     if not EARLY:
-        acc = _rescaled(acc, alpha)
+        acc = _scaled_output(acc, alpha, LAZY)
         if TC_SUM:
             lacc = _rescaled(lacc, alpha)
     return (acc, lacc, _carried(p, v_bufs.dtype, o_layout, NARROW, BYTE_P), alpha, m_i,
@@ -521,7 +577,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-             NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
+             NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -570,35 +626,35 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                 ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
-                TC_SUM, TREE_MAX, BYTE_P)
+                TC_SUM, TREE_MAX, BYTE_P, LAZY)
         if count > 0:
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
                 KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, lacc,
-                ones_smem, TC_SUM, TREE_MAX, BYTE_P)
+                ones_smem, TC_SUM, TREE_MAX, BYTE_P, LAZY)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
-                                           not TC_SUM, TREE_MAX, BYTE_P)
+                                           not TC_SUM, TREE_MAX, BYTE_P, LAZY)
         carried = _carried(p, pv_dtype, o_layout, NARROW, BYTE_P)
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX, BYTE_P)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX, BYTE_P, LAZY)
         if count > 1:
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
                 INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW,
-                TREE_MAX, BYTE_P)
+                TREE_MAX, BYTE_P, LAZY)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
-            acc = _rescaled(acc, alpha)
+            acc = _scaled_output(acc, alpha, LAZY)
             if TC_SUM:
                 lacc = _rescaled(lacc, alpha)
         pv = _operand(carried, pv_dtype, o_layout, NARROW, BYTE_P)
@@ -629,7 +685,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr):
+                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -680,19 +736,19 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P)),
+                        TREE_MAX, BYTE_P, LAZY)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P)),
+                        TREE_MAX, BYTE_P, LAZY)),
             (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P)),
+                        TREE_MAX, BYTE_P, LAZY)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P)),
+                        TREE_MAX, BYTE_P, LAZY)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P)),
+                        TREE_MAX, BYTE_P, LAZY)),
         ], [4, 4], [240, 240])
 
 
@@ -802,14 +858,16 @@ class Launch:
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
                 pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-                tree_max: bool | None = None, byte_p: bool | None = None, memo: Memo | None = None) -> Launch:
+                tree_max: bool | None = None, byte_p: bool | None = None, memo: Memo | None = None,
+                lazy: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
     ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
     (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from two FMAs instead of an exp2
-    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores. ``memo``: where the descriptors of
+    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores; ``lazy``: with P's bytes, the output
+    rescaled only where a row's max rose past ``LAZY_TAU`` (``_rows_rescaled``; ``LAZY_RESCALED``). ``memo``: where the descriptors of
     ``qz``'s copies and the tile of ones are kept between calls (the workspace that ``qz``'s buffers came from;
     the host's own tensors, read in plain mode, are never kept)."""
     B, H, SQ, D = q.shape
@@ -847,6 +905,10 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         raise ValueError("pin stores the softmax's row sums, which tc_sum leaves to the tensor cores")
     if tree_max is None:
         tree_max = where in TREE_MAXED
+    if lazy is None:
+        lazy = where in LAZY_RESCALED and bool(byte_p)
+    if lazy and not byte_p:
+        raise ValueError("lazy keeps a row's reference max within P's bytes' headroom: it needs byte_p")
     if narrow is None:
         narrow = default_narrowing(groups, qk, bool(byte_p))
     if narrow not in (0, 1, 2) or (byte_p and narrow == 1):
@@ -864,7 +926,8 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     flags = dict(D=D, STAGES=stages or default_stages(D, qk, groups), SPARSE=sparse, EVEN_K=SK % ROWS_K == 0,
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
-                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), BYTE_P=bool(byte_p))
+                 TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), BYTE_P=bool(byte_p),
+                 LAZY=bool(lazy))
     return Launch((n_m, B * H), args, flags)
 
 
@@ -882,7 +945,8 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      out: torch.Tensor | None = None, pin: bool | None = None,
                      tc_sum: bool | None = None, narrow: int | None = None,
                      tree_max: bool | None = None, byte_p: bool | None = None,
-                     prepared: Quantized | None = None, memo: Memo | None = None) -> torch.Tensor:
+                     prepared: Quantized | None = None, memo: Memo | None = None,
+                     lazy: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade.
     ``memo``: keeps host-side launch objects between calls (``plan_launch``); give it only with ``buffers`` of
@@ -925,6 +989,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
-                         narrow, tree_max, byte_p, memo)
+                         narrow, tree_max, byte_p, memo, lazy)
     _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
     return out

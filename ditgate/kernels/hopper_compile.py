@@ -7,7 +7,7 @@ products against the exp2s in each overlapped schedule's loop. Run it in a proce
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max | --byte-p]
+    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max | --byte-p | --lazy]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class CompileReport:
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
                 tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
-                byte_p: bool | None = None) -> ha.Launch:
+                byte_p: bool | None = None, lazy: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
@@ -63,19 +63,19 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
-                          narrow=narrow, tree_max=tree_max, byte_p=byte_p)
+                          narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-             tree_max: bool | None = None, byte_p: bool | None = None):
+             tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     # the flags as plan_launch decides them
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p)
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -133,6 +133,7 @@ class LoopShape:
     narrow: int  # how an 8-bit P crosses the loop (``hopper_attention.default_narrowing``)
     tree_max: bool  # each row's max as a tree of pairwise maxima (``hopper_attention._row_max``)
     byte_p: bool  # P's FP8 bytes from FMAs, no exp2 but alpha's (``hopper_attention._byte_p``)
+    lazy: bool  # the output rescaled only where a row's max moved (``hopper_attention._rows_rescaled``)
     spill_bytes: int
     instructions: int  # to the next fresh Q·Kᵀ product: the loop's body and what follows its branch back
     loop_instructions: int  # to the branch back: the body alone
@@ -141,16 +142,17 @@ class LoopShape:
     first_exp2: int
     last_exp2: int
     exp2s: int  # in the loop's body
+    skippable_multiplies: int  # FMULs in the body a warp jumps over behind a vote (``lazy``: the output's rescale)
 
 
 def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
                sparse: bool = False, tc_sum: bool | None = None, narrow: int | None = None,
-               tree_max: bool | None = None, byte_p: bool | None = None) -> LoopShape:
+               tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, byte_p)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy)
     with tempfile.TemporaryDirectory() as tmp:
         info, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
@@ -167,8 +169,24 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
     loop = back[0] + 1 if back else len(step)
     return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], flags["NARROW"],
-                     flags["TREE_MAX"], flags["BYTE_P"], _spills(info), len(step), loop, _longest_chain(step, "FMNMX"),
-                     waits, exp2[0], exp2[-1], sum(i < loop for i in exp2))
+                     flags["TREE_MAX"], flags["BYTE_P"], flags["LAZY"], _spills(info), len(step), loop, _longest_chain(step, "FMNMX"),
+                     waits, exp2[0], exp2[-1], sum(i < loop for i in exp2),
+                     _skippable(step[:loop], addresses[starts[1]:starts[1] + loop], "FMUL"))
+
+
+def _skippable(body: list[str], addresses: list[int], opcode: str) -> int:
+    """The ``opcode`` instructions that a predicated forward branch right after a warp vote jumps over."""
+    total = 0
+    for i, ins in enumerate(body):
+        if not ins.startswith("VOTE.ANY"):
+            continue
+        branch = next((j for j in range(i + 1, len(body)) if re.match(r"@!?U?P\d+ BRA", body[j])), None)
+        if branch is None:
+            continue
+        target = int(re.search(r"BRA (?:\S+ )?(0x[0-9a-f]+)", body[branch]).group(1), 16)
+        total += sum(1 for ins2, at in zip(body[branch + 1:], addresses[branch + 1:])
+                     if at < target and ins2.split()[0] == opcode)
+    return total
 
 
 def _longest_chain(step: list[str], opcode: str) -> int:
@@ -204,6 +222,11 @@ LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an o
                          for bytes_ in (False, True)],
     # plain over 192-row lists (pinned by default), with and without the pin
     "--pin": lambda: [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)],
+    # the output rescaled every block or only where a row's max moved, in the 8-bit modes with P's bytes
+    "--lazy": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, lazy=lazy)
+                       for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 64, 3, False),
+                                                     ("fp8", 128, 2, False), ("fp8", 64, 3, True))
+                       for lazy in (False, True)],
 }
 
 

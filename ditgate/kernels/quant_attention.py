@@ -83,10 +83,11 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
     (``_quant_rows``, Q needs no mean); the rest read a block of K and V for K's column sums (its mean, and the
     selector's pooled key tiles) and V's column absmax (V's per-channel scale). Why: launches cost the host
     more than these passes cost the GPU at short sequences. With this kernel and ``_kv_scales_kernel``,
-    ``quantize`` makes three or four launches where it made five and seven torch operations; on the H200's
+    ``quantize`` makes three launches where it made five and seven torch operations; on the H200's
     machine its host time fell from 133-139 to 79-100 us, and its GPU time from 0.271 to 0.250 ms at LTX and
     from 0.668 to 0.657 at Wan-14B (benchmarks/results/2026-12-04-h200-s13, call e, same run); with the scales
-    in one step per program (call g), 0.233 and 0.635 ms."""
+    in one step per program (call g), 0.233 and 0.635 ms. Two or four blocks of Q per program changed nothing
+    (0.131 ms at LTX with 1, 2 or 4; 0.344-0.346 at Wan-14B; results 2026-12-04-h200-s14, call a)."""
     pid = tl.program_id(0)
     if pid < q_programs:
         _quant_rows(Q, Q8, QS, QS, Q_SUMS, pid % n_m, pid // n_m, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult,
@@ -128,14 +129,22 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
     """V's ``p``-th block (head p // n_n) over its per-channel scale to FP8, written transposed: VT8[b·h, d, s]
     (padded columns are zero). PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column
     16h + 4t + 2a + b, the order in which the Hopper schedule hands P to its P·V product
-    (``hopper_attention._as_operand``)."""
+    (``hopper_attention._as_operand``). The permutation picks the rows each column is read from, so that the
+    columns are written in order: permuted on the store side, the transposed store was one byte per
+    instruction (64 ``st.global.b8`` per thread in the PTX for sm_90, where K's rows take 4 ``st.global.v4``)."""
     blk, bh = p % n_n, p // n_n
-    v, rows, cols, valid = _load_row_block(V, blk, bh, svb, svh, svs, svd, HK, SK, D, BLOCK)
+    columns = blk * BLOCK + tl.arange(0, BLOCK)  # key positions in VT8, written in order
+    if PERMUTE:  # the key that lands on column 16h + 4t + 2a + b: 16h + 8a + 2t + b
+        rows = (columns & ~15) | (((columns >> 1) & 1) << 3) | (((columns >> 2) & 3) << 1) | (columns & 1)
+    else:
+        rows = columns
+    cols = tl.arange(0, D)
+    v = tl.load(V + (bh // HK) * svb + (bh % HK) * svh + rows[:, None] * svs + cols[None, :] * svd,
+                mask=rows[:, None] < SK, other=0.0).to(tl.float32)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
-    if PERMUTE:
-        rows = (rows & ~15) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
-    tl.store(VT8 + (bh * D + cols[None, :]) * SK_PAD + rows[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+    tl.store(VT8 + (bh * D + cols[None, :]) * SK_PAD + columns[:, None],
+             y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
 
 
 @triton.jit
@@ -143,8 +152,9 @@ def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb,
                      k_programs, D: tl.constexpr, BLOCK: tl.constexpr, TO_INT8: tl.constexpr, QMAX: tl.constexpr,
                      PERMUTE: tl.constexpr, PART: tl.constexpr):
     """K (its mean subtracted, ``_quant_rows``) and V (``_quant_v_block``) quantized, a block per program.
-    ``PART`` 0: both in one launch, K's blocks below ``k_programs``; 1: K only; 2: V only. A kernel compiled
-    for one part holds only that part's registers, which the two-launch path at head dim 128 relies on."""
+    ``PART`` 0: both in one launch, K's blocks below ``k_programs`` (what ``quantize`` launches); 1: K only;
+    2: V only, each compiled with that part's registers alone (``benchmarks/experiments/quantize_kernels.py``
+    times the parts apart)."""
     pid = tl.program_id(0)
     if PART == 2:
         pid += k_programs  # V's programs follow K's, as in the one-launch grid
@@ -374,13 +384,18 @@ class Quantized:
                 means_from_sums(self.k_sums, self.block_n, self.block_n, seq_k))
 
 
+# warps per program of ``_first_pass_kernel``. H200, quantize_kernels.py (results 2026-12-04-h200-s14, call c): 0.116 /
+# 0.131 / 0.197 ms at 2 / 4 / 8 warps at LTX's 32 x 27588 x 64, 0.328 / 0.344 / 0.505 at Wan-14B's 40 x 32760 x 128
+FIRST_PASS_WARPS = 2
+
+
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
              sums: bool = False) -> Quantized:
-    """Three launches (four at head dim 128, where K and V are quantized apart): Q quantized beside one pass
+    """Three launches: Q quantized beside one pass
     over K and V for K's column sums (its mean) and V's channel absmax; K's mean and V's scales from those;
     K and V quantized. ``permute_v``: V's keys in the
     Hopper schedule's P order (see ``_quant_kv_kernel``). ``sums``: Q's column sums per query block as well,
@@ -408,20 +423,18 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     _first_pass_kernel[(q_programs + kv_programs,)](
         q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, HK, SQ, SK, sq_pad, n_m, n_n,
         q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax,
-        HAS_SUMS=sums)
+        HAS_SUMS=sums, num_warps=FIRST_PASS_WARPS)
     cols = min(32, D)
     _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, COLS=cols,
                                            CHUNK=min(256, triton.next_power_of_2(n_n)))
     kv = (k, k8, ks, k_mean, v, vt8, v_scale, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
     flags = dict(D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v)
-    # H200, benchmarks/results/2026-12-04-h200-s13/e-parts (quantize_kernels.py): at LTX's 32 x 27588 x 64, K and V
-    # in one launch 0.105 ms against 0.050 + 0.063 in two. At Wan-14B's 40 x 32760 x 128, V's transposed stores want
-    # eight warps (0.172 against 0.308 ms) and K's rows four (0.125 against 0.141); in one launch at eight, 0.336
-    if D < 128:
-        _quant_kv_kernel[(2 * kv_programs,)](*kv, **flags, PART=0)
-    else:
-        _quant_kv_kernel[(kv_programs,)](*kv, **flags, PART=1)
-        _quant_kv_kernel[(kv_programs,)](*kv, **flags, PART=2, num_warps=8)
+    # K and V in one launch of four warps at both head dims. H200, quantize_kernels.py: with V's columns written in
+    # order (``_quant_v_block``; results 2026-12-04-h200-s14, call a) 0.091 ms at LTX's 32 x 27588 x 64 and 0.245
+    # at Wan-14B's 40 x 32760 x 128, where K and V in two launches took 0.126 + 0.127 (V at eight warps 0.140).
+    # Before it (results s13, e-parts), V's byte-wise stores had wanted eight warps at Wan-14B (0.172 against 0.308)
+    # and two launches
+    _quant_kv_kernel[(2 * kv_programs,)](*kv, **flags, PART=0)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
                      permute_v, k_sums, q_sums if sums else None)
 
