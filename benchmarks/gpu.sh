@@ -82,6 +82,10 @@
 #                                        against d531867's quant_attention (written beside it)
 #   bash benchmarks/gpu.sh s14-ltx       (carry .whl, after prep and join)  install; at LTX, FP8 and INT8 against cuDNN
 #                                        and fa4 (pin_ab.py, lazy or not); the sparse stage with fa4 alongside
+#   bash benchmarks/gpu.sh s14-fixed     (carry .whl)          no fa4: fixed_costs.py (lists at the issue's densities,
+#                                        dense with lazy on and off)
+#   bash benchmarks/gpu.sh s14-ncu       (carry .whl)          no fa4: Nsight Compute stall samples, FP8 at LTX, dense
+#                                        against lists of every block
 #   bash benchmarks/gpu.sh s14-final     (carry .whl, after prep and join)  install; GPU tests (lazy rescale, lists,
 #                                        forms); FP8 and INT8 against cuDNN and fa4, lazy or not (pin_ab.py); the
 #                                        sparse stage at LTX with fa4 alongside
@@ -147,6 +151,27 @@ s14-ltx)  # carry .whl, after prep and join: the session's final code at LTX, fa
         --variants default lazy=0 --list-lengths 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args" | tail -12
     sparse_ltx 30
+    ;;
+s14-ncu)  # carry .whl (no fa4): Nsight Compute's stall samples per SASS instruction, FP8 at LTX (6 heads), dense and
+    # over lists of every block in order (the same blocks, in the same order, as dense)
+    install_small
+    for run in "dense" "lists216 --lists 216"; do
+        set -- $run
+        name=$1; shift
+        timeout 120 ncu --clock-control none -k regex:_hopper_attn_kernel -c 1 --section WarpStateStats \
+            --section SourceCounters --section SpeedOfLight -f -o "/tmp/ncu-$name" \
+            python3 benchmarks/ncu_target.py fp8 ltx "$@" > "$OUT/ncu-$name.log" 2>&1 || tail -5 "$OUT/ncu-$name.log"
+        ncu -i "/tmp/ncu-$name.ncu-rep" --page source --csv --print-source sass > "$OUT/sass-$name.csv" 2> "$OUT/sass-$name.err"
+        ncu -i "/tmp/ncu-$name.ncu-rep" --page details > "$OUT/ncu-$name.txt" 2>&1
+        grep -i "duration\|issue slots busy\|eligible warps\|cycles per issued" "$OUT/ncu-$name.txt" | head -6
+    done
+    python3 benchmarks/experiments/ncu_stalls.py "$OUT/sass-dense.csv" "$OUT/sass-lists216.csv" 2>&1 | tee "$OUT/stalls.txt" \
+        | head -60
+    ;;
+s14-fixed)  # carry .whl (no fa4): the kernel alone over lists at the issue's densities against dense, lazy or not
+    install_small
+    timeout 150 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" 2>&1 | tee "$OUT/fixed-costs.log" \
+        | grep -v "^{" | tail -30
     ;;
 s14-warps)  # carry .whl (no fa4): the first pass at two warps: the tests that read the copies; quantize_kernels.py
     install_small

@@ -116,6 +116,10 @@ def main() -> None:
             dense = ha.plan_launch(q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule)
             record(shape=shape, part="kernel alone, dense", schedule=schedule, blocks=n,
                    ms=bench(lambda: ha._hopper_attn_kernel[dense.grid](*dense.args, **dense.flags, num_warps=4)))
+            if dense.flags["LAZY"]:  # the lists rescale every block (``LAZY_RESCALED``): dense doing the same as well
+                eager = ha.plan_launch(q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule, lazy=False)
+                record(shape=shape, part="kernel alone, dense, lazy off", schedule=schedule, blocks=n,
+                       ms=bench(lambda: ha._hopper_attn_kernel[eager.grid](*eager.args, **eager.flags, num_warps=4)))
             points = []
             for keep, (index, count) in lists.items():
                 launch = ha.plan_launch(q, k, v, "fp8", scale, o, qz, index, count, groups=groups, schedule=schedule)
