@@ -86,6 +86,8 @@
 #                                        dense with lazy on and off)
 #   bash benchmarks/gpu.sh s14-ncu       (carry .whl)          no fa4: Nsight Compute stall samples, FP8 at LTX, dense
 #                                        against lists of every block
+#   bash benchmarks/gpu.sh s14-bits      (carry .whl)          no fa4: the quantized copies, first pass at two warps
+#                                        against four
 #   bash benchmarks/gpu.sh s14-final     (carry .whl, after prep and join)  install; GPU tests (lazy rescale, lists,
 #                                        forms); FP8 and INT8 against cuDNN and fa4, lazy or not (pin_ab.py); the
 #                                        sparse stage at LTX with fa4 alongside
@@ -167,6 +169,25 @@ s14-ncu)  # carry .whl (no fa4): Nsight Compute's stall samples per SASS instruc
     done
     python3 benchmarks/experiments/ncu_stalls.py "$OUT/sass-dense.csv" "$OUT/sass-lists216.csv" 2>&1 | tee "$OUT/stalls.txt" \
         | head -60
+    ;;
+s14-bits)  # carry .whl (no fa4): the quantized copies with the first pass at two warps against four, field by field
+    install_small
+    timeout 120 python3 - <<'PY' 2>&1 | tail -16 | tee "$OUT/first-pass-bits.txt"
+import torch
+from ditgate.kernels import hopper_attention as ha, quant_attention as qa
+for h, s, d in ((32, 27588, 64), (40, 32760, 128)):
+    q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    made = {}
+    for warps in (2, 4):
+        qa.FIRST_PASS_WARPS = warps
+        z = ha.quantize_for_schedule(q, k, v, "fp8", d ** -0.5, sums=True)
+        made[warps] = {f: getattr(z, f).view(torch.uint8) if getattr(z, f).dtype == torch.float8_e4m3fn
+                       else getattr(z, f) for f in ("q", "q_scale", "k", "k_scale", "vt", "v_scale", "k_sums", "q_sums")}
+    for f, a in made[2].items():
+        b = made[4][f]
+        same = torch.equal(a, b)
+        print(h, s, d, f, "same" if same else f"differ: {(a != b).sum().item()} of {a.numel()}")
+PY
     ;;
 s14-fixed)  # carry .whl (no fa4): the kernel alone over lists at the issue's densities against dense, lazy or not
     install_small
