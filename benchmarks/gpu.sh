@@ -85,7 +85,7 @@
 #   bash benchmarks/gpu.sh s14-fixed     (carry .whl)          no fa4: fixed_costs.py (lists at the issue's densities,
 #                                        dense with lazy on and off)
 #   bash benchmarks/gpu.sh s14-ncu       (carry .whl)          no fa4: Nsight Compute stall samples, FP8 at LTX, dense
-#                                        against lists of every block
+#                                        against lists of every block (NCU_RUNS: other runs, e.g. all 32 heads)
 #   bash benchmarks/gpu.sh s14-bits      (carry .whl)          no fa4: the quantized copies, first pass at two warps
 #                                        against four
 #   bash benchmarks/gpu.sh s14-final     (carry .whl, after prep and join)  install; GPU tests (lazy rescale, lists,
@@ -155,9 +155,11 @@ s14-ltx)  # carry .whl, after prep and join: the session's final code at LTX, fa
     sparse_ltx 30
     ;;
 s14-ncu)  # carry .whl (no fa4): Nsight Compute's stall samples per SASS instruction, FP8 at LTX (6 heads), dense and
-    # over lists of every block in order (the same blocks, in the same order, as dense)
+    # over lists of every block in order (the same blocks, in the same order, as dense); NCU_RUNS replaces the two runs
+    # (name and ncu_target.py options, runs apart by ';')
     install_small
-    for run in "dense" "lists216 --lists 216"; do
+    IFS=';' read -ra runs <<< "${NCU_RUNS:-dense;lists216 --lists 216}"
+    for run in "${runs[@]}"; do
         set -- $run
         name=$1; shift
         timeout 120 ncu --clock-control none -k regex:_hopper_attn_kernel -c 1 --section WarpStateStats \
@@ -167,8 +169,7 @@ s14-ncu)  # carry .whl (no fa4): Nsight Compute's stall samples per SASS instruc
         ncu -i "/tmp/ncu-$name.ncu-rep" --page details > "$OUT/ncu-$name.txt" 2>&1
         grep -i "duration\|issue slots busy\|eligible warps\|cycles per issued" "$OUT/ncu-$name.txt" | head -6
     done
-    python3 benchmarks/experiments/ncu_stalls.py "$OUT/sass-dense.csv" "$OUT/sass-lists216.csv" 2>&1 | tee "$OUT/stalls.txt" \
-        | head -60
+    python3 benchmarks/experiments/ncu_stalls.py "$OUT"/sass-*.csv 2>&1 | tee "$OUT/stalls.txt" | head -60
     ;;
 s14-bits)  # carry .whl (no fa4): the quantized copies with the first pass at two warps against four, field by field
     install_small
