@@ -13,7 +13,10 @@ from ditgate.gate import PROFILES, Profile, WorkspacePool, load_receipt
 from .helpers import FakeForm, Tiny
 
 # A profile under which an exact copy of the host's SDPA wins (on a CPU it can't be faster than itself).
-LENIENT = dataclasses.replace(PROFILES["quality"], name="lenient", min_speedup=0.3, min_whole_ratio=0.3, rounds=3)
+# speed never decides in the tests that use it: their forms are the host's own SDPA, and at these tiny shapes a
+# loaded 2-core machine has measured such a copy at under 0.3x the host (a CI run on 2026-12-04 failed so), which
+# refused a route the test expected to win
+LENIENT = dataclasses.replace(PROFILES["quality"], name="lenient", min_speedup=1e-3, min_whole_ratio=1e-3, rounds=3)
 
 
 def _verdicts(plan):
@@ -99,7 +102,7 @@ def test_bounded_forms_need_a_profile_or_the_caller():
     approx2 = FakeForm("approx", precision=Precision.BOUNDED)
     plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["approx"], extra_forms=[approx2])  # caller names it
     tiny.forward()
-    assert approx2.calls > 0 and all(v.form == "approx" for v in plan.chooser.verdicts.values())
+    assert approx2.calls > 0 and all(v.form == "approx" for v in plan.chooser.verdicts.values()), plan.explain()
 
 
 def test_whole_model_check_reverts_routes_that_break_the_output_floor():
@@ -108,8 +111,7 @@ def test_whole_model_check_reverts_routes_that_break_the_output_floor():
     fuzzy = FakeForm("fuzzy", noise=1e-3)  # per call cosine ~0.999999: passes the call floor
     # only bit-exact passes the output floor; speed must not decide which sites get a route to revert (the
     # noise costs fuzzy a few times the host's time at these tiny shapes, more on a loaded machine)
-    strict = dataclasses.replace(LENIENT, min_call_cosine=0.99, min_output_cosine=1.0, min_speedup=1e-3,
-                                 min_whole_ratio=1e-3)
+    strict = dataclasses.replace(LENIENT, min_call_cosine=0.99, min_output_cosine=1.0)
     plan = ditgate.attach(tiny.model, profile=strict, forms=["fuzzy"], extra_forms=[fuzzy])
     tiny.forward()
     (check,) = plan.report().whole_model
