@@ -40,14 +40,21 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_row_block(X, blk, bh, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr, BLOCK: tl.constexpr):
-    """Block ``blk`` of rows of head ``bh`` (b·H + h) as float32 through the caller's strides (zeros past S)."""
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
+def _load_rows(X, rows, bh, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr):
+    """Rows ``rows`` of head ``bh`` (b·H + h) as float32 through the caller's strides (zeros past S)."""
     cols = tl.arange(0, D)
     valid = rows[:, None] < S
     x = tl.load(X + (bh // H) * sxb + (bh % H) * sxh + rows[:, None] * sxs + cols[None, :] * sxd, mask=valid,
                 other=0.0)
-    return x.to(tl.float32), rows, cols, valid
+    return x.to(tl.float32), cols, valid
+
+
+@triton.jit
+def _load_row_block(X, blk, bh, sxb, sxh, sxs, sxd, H, S, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Block ``blk`` of rows of head ``bh`` (``_load_rows``)."""
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    x, cols, valid = _load_rows(X, rows, bh, sxb, sxh, sxs, sxd, H, S, D)
+    return x, rows, cols, valid
 
 
 @triton.jit
@@ -138,9 +145,7 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
         rows = (columns & ~15) | (((columns >> 1) & 1) << 3) | (((columns >> 2) & 3) << 1) | (columns & 1)
     else:
         rows = columns
-    cols = tl.arange(0, D)
-    v = tl.load(V + (bh // HK) * svb + (bh % HK) * svh + rows[:, None] * svs + cols[None, :] * svd,
-                mask=rows[:, None] < SK, other=0.0).to(tl.float32)
+    v, cols, _ = _load_rows(V, rows, bh, svb, svh, svs, svd, HK, SK, D)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
     tl.store(VT8 + (bh * D + cols[None, :]) * SK_PAD + columns[:, None],
