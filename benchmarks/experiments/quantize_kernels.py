@@ -62,20 +62,19 @@ def main() -> None:
         mean, v_scale = torch.zeros(H, D, device="cuda"), torch.full((H, D), 0.01, device="cuda")
         q_programs, kv_programs = n_m * H, n_n * H
         first, scales, kv = qa._first_pass_kernel, qa._kv_scales_kernel, qa._quant_kv_kernel
+        def first_pass(programs, q_part, warps):
+            """The first pass over ``programs`` programs, the first ``q_part`` of them quantizing Q."""
+            return lambda: first[(programs,)](
+                q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S, n_m * bm,
+                n_m, n_n, q_part, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0, HAS_SUMS=True,
+                num_warps=warps)
+
         for warps in args.warps:  # every part at each (quantize launches the first pass at qa.FIRST_PASS_WARPS)
             parts = {
-                "Q with sums alone (the first pass's Q programs)": lambda: first[(n_m * H,)](
-                    q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S, n_m * bm,
-                    n_m, n_n, n_m * H, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0, HAS_SUMS=True,
-                    num_warps=warps),
-                "K sums and V absmax alone (its K/V programs)": lambda: first[(kv_programs,)](
-                    q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S, n_m * bm,
-                    n_m, n_n, 0, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0, HAS_SUMS=True,
-                    num_warps=warps),
-                "Q with sums, K sums and V absmax (one launch)": lambda: first[(q_programs + kv_programs,)](
-                    q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S, n_m * bm,
-                    n_m, n_n, q_programs, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0, HAS_SUMS=True,
-                    num_warps=warps),
+                "Q with sums alone (the first pass's Q programs)": first_pass(q_programs, q_programs, warps),
+                "K sums and V absmax alone (its K/V programs)": first_pass(kv_programs, 0, warps),
+                "Q with sums, K sums and V absmax (one launch)": first_pass(q_programs + kv_programs, q_programs,
+                                                                            warps),
                 "K's mean and V's scales": lambda: scales[(H, D // 32)](
                     k_sums, v_max, torch.empty(H, D, device="cuda"), torch.empty(H, D, device="cuda"), n_n, S, D=D,
                     COLS=32, CHUNK=min(256, triton.next_power_of_2(n_n)), num_warps=warps),
