@@ -51,6 +51,20 @@ def test_every_variant_compiles_for_hopper_without_spills():
         assert not r["wgmma_serialized"], r  # ptxas keeps the products asynchronous
 
 
+def test_the_quantized_modes_store_their_output_sixteen_bytes_at_a_time():
+    """With V's channels in the accumulator's order, each consumer thread stores its 8 neighbouring channels of a row
+    in one instruction: D / 16 per thread, one pair of rows per 16-byte store. Plain mode reads the host's V,
+    whose channels stay as they are, and stores two channels (four bytes) at a time. Before, every channel was a
+    store of its own (2 bytes: the partition's arguments carry no divisibility, so nothing told the compiler that
+    the rows start on 16 bytes)."""
+    rows_per_thread = 2  # Hopper's accumulator layout: rows r and r + 8 of each warp's 16
+    for r in _compile_reports():  # each consumer warpgroup's stores are in its own copy of the epilogue
+        if r["qk"] == "plain":
+            assert r["wide_stores"] == 0 and r["narrow_stores"] == rows_per_thread * r["head_dim"] // 8 * r["groups"], r
+        else:
+            assert r["narrow_stores"] == 0 and r["wide_stores"] == rows_per_thread * r["head_dim"] // 32 * r["groups"], r
+
+
 def _loop_shapes(mode: str) -> list[dict]:
     """``python -m ditgate.kernels.hopper_compile MODE``'s steady-state steps (``LoopShape``), compiled in a
     child process without TRITON_INTERPRET."""
@@ -190,18 +204,42 @@ def test_the_reordered_p_times_the_reordered_v_is_the_product():
     assert not torch.allclose(p_reordered @ v, p @ v)
 
 
-def test_quantize_stores_v_in_the_p_order():
+def _output_channels(d):
+    """The channel each column of the P·V accumulator holds where V's channels are ordered for the output
+    (``_ordered_output``: reshape to [d/32, 4, 4, 2], swap the two axes of four, flatten), worked out on indices."""
+    return torch.arange(d).reshape(d // 32, 4, 4, 2).permute(0, 2, 1, 3).reshape(d)
+
+
+def test_the_ordered_channels_put_eight_neighbours_in_each_thread():
+    """Column 32a + 8b + 2c + e of the accumulator belongs to thread c of its row's quad (Hopper's layout: columns
+    2c, 2c + 1 of every group of eight); with V's channels ordered, thread c's columns hold channels 32a + 8c to
+    32a + 8c + 7, and the order is its own inverse."""
+    for d in (64, 128):
+        order = _output_channels(d)
+        assert torch.equal(order[order], torch.arange(d))
+        for c in range(4):
+            mine = torch.tensor([j for j in range(d) if (j % 8) // 2 == c])
+            held = order[mine].sort().values.reshape(-1, 8)
+            assert torch.equal(held, held[:, :1] + torch.arange(8)) and torch.equal(held[:, 0] % 32, torch.full(
+                (d // 32,), 8 * c)), (d, c, held)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_quantize_stores_v_in_the_p_order(d):
+    """The Hopper schedule's copy of V: its keys in P's order, its channels in the output's."""
     from ditgate.kernels.quant_attention import KernelConfig, quantize
 
     if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("checked under the interpreter; the GPU tests check the whole kernel")
     g = torch.Generator().manual_seed(9)
-    q, k, v = (torch.randn(1, 2, 200, 64, generator=g, dtype=torch.float16) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 200, d, generator=g, dtype=torch.float16) for _ in range(3))
     cfg = KernelConfig(128, 128, 4, 1)
     plain = quantize(q, k, v, "fp8", 0.125, cfg)
     reordered = quantize(q, k, v, "fp8", 0.125, cfg, permute_v=True)
     assert reordered.sk_pad == plain.sk_pad == 256
-    assert torch.equal(reordered.vt.view(torch.uint8), plain.vt.view(torch.uint8)[..., _stored_order(256)])
+    in_p_order = plain.vt.view(torch.uint8)[..., _stored_order(256)]
+    assert torch.equal(reordered.vt.view(torch.uint8), in_p_order[:, _output_channels(d)])
+    assert not torch.equal(reordered.vt.view(torch.uint8), in_p_order)
     assert torch.equal(reordered.v_scale, plain.v_scale) and torch.equal(reordered.k.view(torch.uint8),
                                                                           plain.k.view(torch.uint8))
 

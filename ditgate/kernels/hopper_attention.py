@@ -577,7 +577,8 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
 def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-             NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
+             NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
+             O_ALIGNED: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -670,12 +671,43 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
         l_i = gl.convert_layout(gl.max(lacc, axis=1), gl.SliceLayout(1, s_layout))  # every column holds the sum
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    if V_T:  # our copy of V, its channels in the order the accumulator stores them in
+        out = _ordered_output(out)
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, out.type.layout))
     if QUANT:
         out = out * gl.load(VS + vs_base + offs_d)[None, :]  # acc and l_i both carry P's scale
-    rows = q_start + PART * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
-    ptrs = O + o_base + rows[:, None] * sos + offs_d[None, :] * sod
+    rows = q_start + PART * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, out.type.layout))
+    if O_ALIGNED:  # told, since the partition's arguments carry no divisibility: every row starts on 16 bytes
+        ptrs = O + gl.multiple_of(o_base + rows * sos, 8)[:, None] + offs_d[None, :]
+    else:
+        ptrs = O + o_base + rows[:, None] * sos + offs_d[None, :] * sod
     gl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < S_Q)[:, None])
+
+
+@gluon.constexpr_function
+def _stored_layout(rows, cols):
+    """The accumulator's layout (``_mma_layout``) with its columns renamed by ``_ordered_output``: each thread's
+    eight neighbouring channels first among its registers, so that they go out in one 16-byte store."""
+    reg = [[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, 32 << i] for i in range((cols // 32).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg, [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], [[16, 0], [32, 0]], [],
+                                      [rows, cols])
+
+
+@gluon.jit
+def _ordered_output(x):
+    """The output's columns in channel order, where V's channels were ordered for it
+    (``quantize(permute_v=True)``, ``quant_attention._output_channel``): the accumulator's column
+    32a + 8b + 2c + e holds channel 32a + 8c + 2b + e, so renaming registers (nothing moves) puts channels
+    32a + 8c to 32a + 8c + 7 in thread c's registers in order. In the accumulator's own order a thread holds pairs
+    of channels eight apart, at most four bytes per store. On the H200 (benchmarks/results/2026-12-04-h200-s15) the
+    stores had been the programs' fixed cost: with empty lists at LTX's shape, where each value left in a store of
+    its own, the launch took 0.22 ms with the L2 81.9 % busy and DRAM 14.7 % (Nsight Compute, call b). In one run
+    (call c), empty lists took 0.098 ms against 0.140 with 4- or 2-byte stores at LTX and 0.209 against 0.354 at
+    Wan-14B, 27 key blocks 1.121 against 1.162-1.169 ms at LTX; the same bits."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    y = gl.reshape(gl.permute(gl.reshape(x, [M, N // 32, 4, 4, 2]), (0, 1, 3, 2, 4)), [M, N])
+    return gl.convert_layout(y, _stored_layout(M, N))
 
 
 @gluon.jit
@@ -685,7 +717,8 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         D: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr, EVEN_K: gl.constexpr,
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
-                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
+                        NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
+                        O_ALIGNED: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -736,19 +769,19 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY)),
+                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY)),
+                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
             (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY)),
+                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY)),
+                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY)),
+                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
         ], [4, 4], [240, 240])
 
 
@@ -776,6 +809,13 @@ def host_layout(t: torch.Tensor) -> RowView | None:
     if sh == D and ss >= H * D and (B == 1 or sb == S * ss):  # heads side by side: [B, S, H, D] storage
         return RowView(t.as_strided((B * S, H * D), (ss, 1)), S, 0, D)
     return None
+
+
+def rows_aligned(t: torch.Tensor) -> bool:
+    """Whether every row of ``t`` ([B, H, S, D], D innermost) starts on 16 bytes, so that stores of 16 bytes can
+    write it (``_consume``'s ``O_ALIGNED``)."""
+    size = t.element_size()
+    return t.stride(3) == 1 and t.data_ptr() % 16 == 0 and all((st * size) % 16 == 0 for st in t.stride()[:3])
 
 
 def list_rows(head_dim: int) -> int:
@@ -927,7 +967,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
                  TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), BYTE_P=bool(byte_p),
-                 LAZY=bool(lazy))
+                 LAZY=bool(lazy), O_ALIGNED=rows_aligned(out))
     return Launch((n_m, B * H), args, flags)
 
 

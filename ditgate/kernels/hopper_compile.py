@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.backends.compiler import GPUTarget
 
 from . import hopper_attention as ha
 from .quant_attention import Quantized
@@ -43,6 +44,10 @@ class CompileReport:
     setmaxnreg: int  # per-partition register budgets in the PTX
     shuffles: int  # warp shuffles in the PTX (row max and sum; an FP8 P moved between threads adds more)
     wgmma_serialized: bool  # ptxas's C7511: it waits for every product right after issuing it (a silent slowdown)
+    # the output's stores in the PTX, by width: (16-byte st.global.v4, narrower st.global); the Hopper schedule's own
+    # copy of V lets each thread write eight neighbouring channels at once (``hopper_attention._ordered_output``)
+    wide_stores: int
+    narrow_stores: int
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
@@ -60,7 +65,8 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
         pad = n * ha.ROWS_Q
         qz = Quantized(torch.empty(H, pad, D, dtype=e), torch.empty(H, pad // ha.ROWS_HALF),
                        torch.empty(H, pad, D, dtype=e), torch.empty(H, n),
-                       torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad)
+                       torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad,
+                       permuted_v=True)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
                           narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy)
@@ -70,21 +76,40 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
              tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     # the flags as plan_launch decides them
     launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
     fn = ha._hopper_attn_kernel
-    signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, launch.args)}
-    signature.update({name: "constexpr" for name in flags})
-    compiled = triton.compile(GluonASTSource(fn, signature, flags), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4})
+    compiled = triton.compile(_specialized_source(fn, launch.args, flags), target=TARGET, options={"num_warps": 4})
     return compiled, flags
+
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _specialized_source(fn, args: tuple, flags: dict):
+    """The kernel's source with its arguments specialized as a launch on the GPU specializes them (integers equal
+    to 1 become constants, pointers and integers divisible by 16 say so): what decides, among other things, how
+    wide its stores are."""
+    from triton.backends.compiler import BaseBackend
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import native_specialize_impl
+
+    backend = CUDABackend(TARGET)
+    signature, constants, attrs = {}, dict(flags), {}
+    for i, (name, arg) in enumerate(zip(fn.arg_names, args)):
+        kind, key = native_specialize_impl(BaseBackend, arg, False, True, True)
+        if kind == "constexpr":
+            signature[name], constants[name] = "constexpr", key
+        else:
+            signature[name] = kind
+            if key:
+                attrs[(i,)] = backend.parse_attr(key)
+    signature.update({name: "constexpr" for name in flags})
+    return GluonASTSource(fn, signature, constants, attrs)
 
 
 def _tool(name: str) -> str:
@@ -112,9 +137,11 @@ def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> Com
         info, _ = _assemble(ptx, tmp)
     spills = _spills(info)
     registers = max(int(n) for n in re.findall(r"Used (\d+) registers", info))
+    stores = re.findall(r"\bst\.global\.(\S+)", ptx)
+    wide = sum(kind.startswith("v4.") for kind in stores)
     return CompileReport(qk, head_dim, sparse, groups, compiled.metadata.shared, registers, spills,
                          ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"),
-                         "wgmma.mma_async instructions are serialized" in info)
+                         "wgmma.mma_async instructions are serialized" in info, wide, len(stores) - wide)
 
 
 @dataclass(frozen=True)

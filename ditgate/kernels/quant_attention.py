@@ -15,7 +15,8 @@ Numerics (SageAttention-style):
 
 Layout: the quantization kernels read Q, K, V through their strides (B, H, S, D views of whatever
 the host gave; no copy), and write FP8/INT8 copies padded to whole blocks, V transposed (B, H, D, S)
-so that P·V's second operand is K-major as Hopper's FP8 matrix instructions want. Those copies are the
+so that P·V's second operand is K-major as Hopper's FP8 matrix instructions want (for the Hopper schedule,
+``permute_v``, with its keys and channels reordered as that schedule's registers hold them). Those copies are the
 form's workspace (1 byte per element, no full-precision copy is kept).
 
 Sparsity: ``kv_index[b, h, m, :kv_count[b, h, m]]`` lists the key blocks query block ``m`` visits, in
@@ -131,6 +132,15 @@ def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, 
 
 
 @triton.jit
+def _output_channel(j):
+    """The channel of V (and of the output) that the Hopper schedule's P·V accumulator holds in its column ``j``
+    where V's copy was made for that schedule (``quantize(permute_v=True)``): column 32a + 8b + 2c + e holds
+    channel 32a + 8c + 2b + e, so that the accumulator's thread c holds channels 32a + 8c to 32a + 8c + 7, eight
+    neighbours, for each a (``hopper_attention._ordered_output``). Its own inverse."""
+    return (j & ~31) | (((j >> 1) & 3) << 3) | (((j >> 3) & 3) << 1) | (j & 1)
+
+
+@triton.jit
 def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
                    PERMUTE: tl.constexpr):
     """V's ``p``-th block (head p // n_n) over its per-channel scale to FP8, written transposed: VT8[b·h, d, s]
@@ -138,7 +148,9 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
     16h + 4t + 2a + b, the order in which the Hopper schedule hands P to its P·V product
     (``hopper_attention._as_operand``). The permutation picks the rows each column is read from, so that the
     columns are written in order: permuted on the store side, the transposed store was one byte per
-    instruction (64 ``st.global.b8`` per thread in the PTX for sm_90, where K's rows take 4 ``st.global.v4``)."""
+    instruction (64 ``st.global.b8`` per thread in the PTX for sm_90, where K's rows take 4 ``st.global.v4``).
+    With PERMUTE, channel d also goes to row ``_output_channel(d)``, the P·V accumulator's column that holds it in
+    that schedule, so that its output leaves in 16-byte stores (``hopper_attention._ordered_output``)."""
     blk, bh = p % n_n, p // n_n
     columns = blk * BLOCK + tl.arange(0, BLOCK)  # key positions in VT8, written in order
     if PERMUTE:  # the key that lands on column 16h + 4t + 2a + b: 16h + 8a + 2t + b
@@ -148,8 +160,11 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
     v, cols, _ = _load_rows(V, rows, bh, svb, svh, svs, svd, HK, SK, D)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
-    tl.store(VT8 + (bh * D + cols[None, :]) * SK_PAD + columns[:, None],
-             y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+    if PERMUTE:
+        at = _output_channel(cols)
+    else:
+        at = cols
+    tl.store(VT8 + (bh * D + at[None, :]) * SK_PAD + columns[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
 
 
 @triton.jit
@@ -366,7 +381,7 @@ class Quantized:
     scale: float = 1.0
     block_m: int = 128  # query rows per Q scale (and per row of ``q_sums``)
     block_n: int = 128  # key rows per K scale (and per row of ``k_sums``)
-    permuted_v: bool = False
+    permuted_v: bool = False  # V's keys and channels in the Hopper schedule's orders (``_quant_v_block``)
     k_sums: torch.Tensor | None = None  # float32 [B, HK, n_n, D]: each key block's column sums (before smoothing)
     q_sums: torch.Tensor | None = None  # float32 [B, H, n_m, D] where asked for (``quantize(sums=True)``)
 
@@ -402,9 +417,9 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
              sums: bool = False) -> Quantized:
     """Three launches: Q quantized beside one pass
     over K and V for K's column sums (its mean) and V's channel absmax; K's mean and V's scales from those;
-    K and V quantized. ``permute_v``: V's keys in the
-    Hopper schedule's P order (see ``_quant_kv_kernel``). ``sums``: Q's column sums per query block as well,
-    written by the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without
+    K and V quantized. ``permute_v``: V's keys in the Hopper schedule's P order and its channels in that
+    schedule's output order (see ``_quant_v_block``). ``sums``: Q's column sums per query block as well, written by
+    the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without
     reading Q and K again)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
