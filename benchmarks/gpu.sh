@@ -91,6 +91,17 @@
 #   bash benchmarks/gpu.sh s14-final     (carry .whl, after prep and join)  install; GPU tests (lazy rescale, lists,
 #                                        forms); FP8 and INT8 against cuDNN and fa4, lazy or not (pin_ab.py); the
 #                                        sparse stage at LTX with fa4 alongside
+#   bash benchmarks/gpu.sh s15-fixed     (carry .whl)          no fa4: fixed_costs.py at LTX, short lists, variants ($VARIANTS)
+#   bash benchmarks/gpu.sh s15-ordered   (carry .whl)          no fa4: GPU tests of the Hopper kernel; fixed_costs.py ($VARIANTS:
+#                                        call c of results s15 compared knobs since removed, order_channels and wide_stores)
+#   bash benchmarks/gpu.sh s15-final     (carry .whl, after prep and join)  install; Hopper GPU tests; FP8 and INT8 against
+#                                        cuDNN and fa4 (pin_ab.py); fixed_costs.py at the issue's densities; the sparse
+#                                        stage at LTX ($PARTS: any of tests ab fixed sparse, default all)
+#   bash benchmarks/gpu.sh s15-profile   (carry .whl)          no fa4: the FP8 sparse form's whole call, kernel by kernel
+#                                        (sparse_call_profile.py), and back to back (fixed_costs.py --whole-only)
+#   bash benchmarks/gpu.sh s15-wan       (carry .whl, after prep and join)  install; the sparse stage at Wan-14B, fa4
+#                                        alongside (the FP8 consumers over 128-row lists, the form's whole call, plain)
+#   bash benchmarks/gpu.sh s15-tests     (carry .whl)          no fa4: the GPU tests the timeouts of calls c and d cut short
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -189,6 +200,65 @@ for h, s, d in ((32, 27588, 64), (40, 32760, 128)):
         same = torch.equal(a, b)
         print(h, s, d, f, "same" if same else f"differ: {(a != b).sum().item()} of {a.numel()}")
 PY
+    ;;
+s15-tests)  # carry .whl (no fa4): the forms' GPU tests and the Hopper list tests, each run to its summary line
+    install_small
+    timeout 150 python3 -m pytest -q tests/test_gpu.py -k "sparse_forms_equal or cuda_forms" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-forms.txt"
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "lists_equal and schedule3" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-lists.txt"
+    ;;
+s15-wan)  # carry .whl, after prep and join: the sparse stage at Wan-14B with fa4 alongside
+    [ -f "$SITE/flash_attn/cute/__init__.py" ] || install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 420 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f --patterns selected window \
+        --skip-attach --consumers ditgate_fp8_hopper fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper 2>&1 \
+        | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -30
+    ;;
+s15-profile)  # carry .whl (no fa4): where the FP8 sparse form's whole call spends the GPU's time, two ways of pooling
+    install_small
+    timeout 200 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ${SHAPES:-ltx} 2>&1 \
+        | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -40
+    timeout 150 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ${SHAPES:-ltx} --whole-only \
+        --whole-rounds 3 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -8
+    ;;
+s15-final)  # carry .whl, after prep and join (install skipped where a stage of this machine installed already)
+    [ -f "$SITE/flash_attn/cute/__init__.py" ] || install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    parts=" ${PARTS:-tests ab fixed sparse} "
+    if [[ $parts == *" tests "* ]]; then
+        timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "(matches_reference and schedule3 and not plain) \
+            or (lists_equal and schedule3)" --tb=line 2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    fi
+    if [[ $parts == *" ab "* ]]; then
+        timeout 150 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --rounds 2 --modes fp8 int8 --variants default \
+            --list-lengths 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" | grep -v "aux_data\|exe_args" | tail -14
+    fi
+    if [[ $parts == *" fixed "* ]]; then
+        timeout 120 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --kernel-only --kernel-rounds 2 2>&1 \
+            | tee "$OUT/fixed-costs.log" | grep -v "^{" | grep "median\|fit\|over dense" | tail -30
+    fi
+    if [[ $parts == *" sparse "* ]]; then
+        sparse_ltx 30
+    fi
+    ;;
+s15-ordered)  # carry .whl (no fa4): the Hopper kernel's GPU tests; the kernel alone, V's channels ordered or not
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_gpu.py -k "(matches_reference and schedule3) \
+        or three_warpgroups or (lists_equal and schedule3) or p_bytes_over or selectors_sums or lists_of_one_slot \
+        or kept_descriptors or lazy or sparse_forms_equal or cuda_forms" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args\|Warn\|warn" | tail -8 | tee "$OUT/pytest.txt"
+    timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ${SHAPES:-ltx wan} --kernel-only \
+        --blocks ${BLOCKS:-0 1 8 27 54} --variants ${VARIANTS:-default} --kernel-rounds ${ROUNDS:-3} \
+        2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -60
+    ;;
+s15-fixed)  # carry .whl (no fa4): the kernel alone over short lists at LTX, per variant, to see the per-program cost
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 400 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ${SHAPES:-ltx} --kernel-only \
+        --blocks ${BLOCKS:-0 1 2 4 8 16 27 54} --variants ${VARIANTS:-default vs_early=1} --kernel-rounds ${ROUNDS:-3} \
+        2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -45
     ;;
 s14-fixed)  # carry .whl (no fa4): the kernel alone over lists at the issue's densities against dense, lazy or not
     install_small

@@ -33,9 +33,9 @@ q, k, v = (torch.randn(1, seq, heads, dim, device="cuda", dtype=torch.bfloat16).
 call = dict(qk=args.qk, schedule=args.schedule, groups=groups, narrow=args.narrow,
             tc_sum=None if args.tc_sum is None else bool(args.tc_sum),
             lazy=None if args.lazy is None else bool(args.lazy))
-if args.lists:
+if args.lists is not None:
     n_m, n_n = -(-seq // (ROWS_HALF * groups)), -(-seq // ROWS_K)
-    order = torch.argsort(torch.rand(1, heads, n_m, n_n, device="cuda"), dim=-1)[..., :min(args.lists, n_n)]
+    order = torch.argsort(torch.rand(1, heads, n_m, n_n, device="cuda"), dim=-1)[..., :max(1, min(args.lists, n_n))]
     call.update(kv_index=order.sort(dim=-1).values.to(torch.int32).contiguous(),
                 kv_count=torch.full((1, heads, n_m), min(args.lists, n_n), dtype=torch.int32, device="cuda"))
 hopper_attention(q, k, v, **call)

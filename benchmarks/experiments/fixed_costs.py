@@ -11,7 +11,11 @@ long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage, FP8):
   is set against the issue's bound (1.15 x density).
 
     python benchmarks/experiments/fixed_costs.py --out DIR [--shapes ltx wan] [--schedules 0 3]
-        [--kernel-rounds 3] [--whole-rounds 3 [--whole-only]]
+        [--kernel-rounds 3] [--whole-rounds 3 [--whole-only]] [--kernel-only] [--blocks 0 1 2 27]
+        [--variants default lazy=0]
+
+``--variants`` (``plan_launch`` keywords) are timed in the same rounds, and their outputs compared bit for bit with
+the first variant's.
 
 ``triton.testing.do_bench`` medians; prints a table last, writes fixed-costs.json."""
 
@@ -62,10 +66,23 @@ def kernel_rounds(launches: dict, rounds: int, record) -> dict:
     return {key: sorted(t)[len(t) // 2] for key, t in times.items()}
 
 
-def whole_calls(q, k, v, scale, rows_q, rounds, record):
-    """The FP8 sparse form as a plan runs it at budget 0.3 over a video layout, selection and kernel in one timed
-    call, back to back: the selector pooling Q and K itself, or the form's quantization pass pooling them
-    (``Form.pool_for_selection``), alternating, ``rounds`` times each."""
+def same_bits(launches: dict, out: torch.Tensor, record) -> None:
+    """Whether each variant's output has the bits of the first variant's launch of the same part and list."""
+    first: dict = {}
+    for (part, blocks), launch in launches.items():
+        out.fill_(float("nan"))
+        ha._hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
+        what = (part.split(": ", 1)[1], blocks)
+        if what in first:
+            record(part=part, blocks=blocks, same_bits_as_first=torch.equal(out, first[what]))
+        else:
+            first[what] = out.clone()
+
+
+def whole_call_variants(q, k, v, scale, rows_q) -> dict:
+    """The FP8 sparse form's whole call at budget 0.3 over a video layout, as a plan runs it, two ways: the selector
+    pooling Q and K itself, or the form's quantization pooling for it (``Form.pool_for_selection``). Checks that
+    both give the same bits."""
     from ditgate.forms import AttentionInputs, create_forms
     from ditgate.forms.base import describe_call
 
@@ -84,10 +101,17 @@ def whole_calls(q, k, v, scale, rows_q, rounds, record):
         lists = selector.select(q, k, layout, 0.3, rows_q, lambda: (tiles.query, tiles.key))
         return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=lists, prepared=tiles.prepared))
 
-    same = torch.equal(own(), pooled())
+    if not torch.equal(own(), pooled()):
+        raise SystemExit("the two ways of pooling gave different outputs")
+    return {"whole call, selector pools": own, "whole call, quantization pools": pooled}
+
+
+def whole_calls(q, k, v, scale, rows_q, rounds, record):
+    """``whole_call_variants`` back to back, alternating, ``rounds`` times each."""
+    variants = whole_call_variants(q, k, v, scale, rows_q)
     for r in range(rounds):
-        for name, fn in (("whole call, selector pools", own), ("whole call, quantization pools", pooled)):
-            record(part=name, round=r, ms=bench(fn), same_bits=same)
+        for name, fn in variants.items():
+            record(part=name, round=r, ms=bench(fn), same_bits=True)
 
 
 def main() -> None:
@@ -101,7 +125,13 @@ def main() -> None:
     ap.add_argument("--whole-only", action="store_true", help="only the whole calls")
     ap.add_argument("--kernel-rounds", type=int, default=3, help="rounds of the kernel-alone launches, in turned "
                     "orders (medians fitted)")
+    ap.add_argument("--kernel-only", action="store_true", help="no quantization or selection timed apart")
+    ap.add_argument("--blocks", nargs="+", type=int, help="list lengths (default: the issue's densities, 0.3 and 1)")
+    ap.add_argument("--variants", nargs="+", default=["default"], help="plan_launch keywords per variant, "
+                    "name=integer[,name=integer] (booleans as 0 and 1), or default")
     args = ap.parse_args()
+    variants = {spec: {} if spec == "default" else {k: int(v) for k, v in (x.split("=") for x in spec.split(","))}
+                for spec in args.variants}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record, rows = recorder(out, "fixed-costs.json", "benchmarks/experiments/fixed_costs.py")
@@ -113,64 +143,89 @@ def main() -> None:
             whole_calls(q, k, v, scale, rows_q, args.whole_rounds, lambda **row: record(shape=shape, **row))
         if args.whole_only:
             continue
-        for sums in (False, True):
-            record(shape=shape, part=f"quantize (sums={sums})",
-                   ms=bench(lambda sums=sums: ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=sums)))
+        if not args.kernel_only:
+            aux_parts(q, k, v, scale, rows_q, s, lambda **row: record(shape=shape, **row))
         qz = ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=True)
-        layout = TokenLayout.video_then(s)
-        selector = TileSelector(ha.ROWS_K)
-        means = qz.tile_means(rows_q, s, s)
-        record(shape=shape, part="selection, pooling Q and K itself",
-               ms=bench(lambda: selector.select(q, k, layout, 0.3, rows_q)))
-        record(shape=shape, part="selection from given tile means",
-               ms=bench(lambda: selector.select(q, k, layout, 0.3, rows_q, lambda: means)))
-        record(shape=shape, part="tile means from the sums", ms=bench(lambda: qz.tile_means(rows_q, s, s)))
         n_m, n = -(-s // rows_q), -(-s // ha.ROWS_K)
         o = torch.empty_like(q)
         lists = {}
         g = torch.Generator(device="cuda").manual_seed(7)
-        for fraction in FRACTIONS:
-            keep = max(1, round(fraction * n))
-            index = torch.argsort(torch.rand(1, h, n_m, n, device="cuda", generator=g), -1)[..., :keep]
+        lengths = args.blocks if args.blocks is not None else [max(1, round(f * n)) for f in FRACTIONS]
+        for keep in lengths:
+            index = torch.argsort(torch.rand(1, h, n_m, n, device="cuda", generator=g), -1)[..., :max(keep, 1)]
             lists[keep] = (index.sort(-1).values.to(torch.int32).contiguous(),
                            torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda"))
         for schedule in args.schedules:
-            dense = ha.plan_launch(q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule)
-            launches = {("kernel alone, dense", n): dense}
-            if dense.flags["LAZY"]:  # the lists rescale every block (``LAZY_RESCALED``): dense doing the same as well
-                launches[("kernel alone, dense, lazy off", n)] = ha.plan_launch(q, k, v, "fp8", scale, o, qz,
-                                                                               groups=groups, schedule=schedule,
-                                                                               lazy=False)
-            for keep, (index, count) in lists.items():
-                launches[("kernel alone, lists", keep)] = ha.plan_launch(q, k, v, "fp8", scale, o, qz, index, count,
-                                                                         groups=groups, schedule=schedule)
+            launches = {}
+            for spec, flags in variants.items():
+                dense = ha.plan_launch(q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule, **flags)
+                launches[(f"{spec}: dense", n)] = dense
+                if dense.flags["LAZY"]:  # the lists rescale every block (``LAZY_RESCALED``): dense doing the same too
+                    launches[(f"{spec}: dense, lazy off", n)] = ha.plan_launch(
+                        q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule, **{**flags, "lazy": False})
+                for keep, (index, count) in lists.items():
+                    launches[(f"{spec}: lists", keep)] = ha.plan_launch(q, k, v, "fp8", scale, o, qz, index, count,
+                                                                       groups=groups, schedule=schedule, **flags)
+            if len(variants) > 1:
+                same_bits(launches, o, lambda **row: record(shape=shape, schedule=schedule, **row))
             medians = kernel_rounds(launches, args.kernel_rounds,
                                     lambda **row: record(shape=shape, schedule=schedule, **row))
-            points = [(keep, ms) for (part, keep), ms in medians.items() if part == "kernel alone, lists"]
-            xs = torch.tensor([p[0] for p in points], dtype=torch.float64)
-            ys = torch.tensor([p[1] for p in points], dtype=torch.float64)
-            slope = (((xs - xs.mean()) * (ys - ys.mean())).sum() / ((xs - xs.mean()) ** 2).sum()).item()
-            intercept = (ys.mean() - slope * xs.mean()).item()
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            record(shape=shape, part="fit over the lists", schedule=schedule, ms_per_block=slope, fixed_ms=intercept,
-                   programs=n_m * h, fixed_us_per_program_per_sm=intercept * 1e3 * sms / (n_m * h))
-            same_flags = medians.get(("kernel alone, dense, lazy off", n), medians[("kernel alone, dense", n)])
-            for keep, ms in points:
-                record(shape=shape, part="lists over dense (same flags), medians", schedule=schedule, blocks=keep,
-                       ratio=ms / same_flags, bound=1.15 * keep / n)
+            for (part, blocks), ms in medians.items():
+                record(shape=shape, schedule=schedule, part=f"{part} (median)", blocks=blocks, median_ms=ms)
+            for spec in variants:
+                fit_and_ratios(medians, spec, n, n_m * h, lambda **row: record(shape=shape, schedule=schedule, **row))
         del q, k, v, qz, o
         torch.cuda.empty_cache()
-    print(f"{'shape':<6}{'part':<40}{'sched':>6}{'blocks':>7}{'round':>6}{'ms':>9}")
+    print(f"{'shape':<6}{'part':<48}{'sched':>6}{'blocks':>7}{'round':>6}{'ms':>9}")
     for r in rows:
+        if "round" in r and "blocks" in r:  # the kernel rounds: in the JSON; their medians are printed
+            continue
         sched = "" if r.get("schedule") is None else r["schedule"]
-        head = f"{r['shape']:<6}{r['part'][:39]:<40}{sched:>6}"
+        head = f"{r['shape']:<6}{r['part'][:47]:<48}{sched:>6}"
         if "ratio" in r:
             print(f"{head}{r['blocks']:>7}{'':>6} {r['ratio']:.4f} of dense (bound {r['bound']:.4f})")
+        elif "median_ms" in r:
+            print(f"{head}{r['blocks']:>7}{'median':>6}{r['median_ms']:>9.3f}")
+        elif "same_bits_as_first" in r:
+            print(f"{head}{r['blocks']:>7}{'':>6} same bits as the first variant: {r['same_bits_as_first']}")
         elif "ms" in r:
             print(f"{head}{r.get('blocks', ''):>7}{r.get('round', ''):>6}{r['ms']:>9.3f}")
         else:
             print(f"{head} {r['ms_per_block']:.4f} ms/block + {r['fixed_ms']:.3f} ms "
                   f"({r['fixed_us_per_program_per_sm']:.2f} us per program per SM)")
+
+
+def aux_parts(q, k, v, scale, rows_q, s, record):
+    """The quantization and the selection, each alone."""
+    for sums in (False, True):
+        record(part=f"quantize (sums={sums})",
+               ms=bench(lambda sums=sums: ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=sums)))
+    qz = ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=True)
+    layout = TokenLayout.video_then(s)
+    selector = TileSelector(ha.ROWS_K)
+    means = qz.tile_means(rows_q, s, s)
+    record(part="selection, pooling Q and K itself", ms=bench(lambda: selector.select(q, k, layout, 0.3, rows_q)))
+    record(part="selection from given tile means",
+           ms=bench(lambda: selector.select(q, k, layout, 0.3, rows_q, lambda: means)))
+    record(part="tile means from the sums", ms=bench(lambda: qz.tile_means(rows_q, s, s)))
+
+
+def fit_and_ratios(medians: dict, spec: str, n: int, programs: int, record) -> None:
+    """A least-squares line through one variant's list medians (lists of at least one block), and each list's
+    median over its dense launch with the same flags, against the issue's bound."""
+    points = [(keep, ms) for (part, keep), ms in medians.items() if part == f"{spec}: lists" and keep > 0]
+    if len(points) >= 2:
+        xs = torch.tensor([p[0] for p in points], dtype=torch.float64)
+        ys = torch.tensor([p[1] for p in points], dtype=torch.float64)
+        slope = (((xs - xs.mean()) * (ys - ys.mean())).sum() / ((xs - xs.mean()) ** 2).sum()).item()
+        intercept = (ys.mean() - slope * xs.mean()).item()
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        record(part=f"{spec}: fit over the lists", ms_per_block=slope, fixed_ms=intercept, programs=programs,
+               fixed_us_per_program_per_sm=intercept * 1e3 * sms / programs)
+    same_flags = medians.get((f"{spec}: dense, lazy off", n), medians[(f"{spec}: dense", n)])
+    for keep, ms in points:
+        record(part=f"{spec}: lists over dense (same flags), medians", blocks=keep, ratio=ms / same_flags,
+               bound=1.15 * keep / n)
 
 
 if __name__ == "__main__":

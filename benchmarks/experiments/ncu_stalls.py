@@ -43,12 +43,27 @@ def regions(data: list[dict[str, str]]) -> dict[str, list[int]]:
     return out
 
 
+def top(data: list[dict[str, str]], reasons: list[str], total: int, n: int = 14) -> None:
+    """The ``n`` instructions with the most samples, with their main stall reasons: where a launch waits, whatever
+    its shape (with empty lists there is no loop, only what every program pays)."""
+    ranked = sorted(range(len(data)), key=lambda i: -int(data[i][SAMPLES] or 0))[:n]
+    print(f"  the {n} instructions with the most samples:")
+    for i in ranked:
+        samples = int(data[i][SAMPLES] or 0)
+        why = collections.Counter({r[6:]: int(data[i][r] or 0) for r in reasons})
+        print(f"    {i:5} {100 * samples / max(total, 1):5.1f} % x{data[i][EXECUTED]:>8} {data[i]['Source'][:60]:60} "
+              + ", ".join(f"{r} {m}" for r, m in why.most_common(2)))
+
+
 def main() -> None:
     for path in sys.argv[1:]:
         header, data = read(path)
         reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
         total = sum(int(d[SAMPLES] or 0) for d in data)
         print(f"== {path}: {total} samples")
+        top(data, reasons, total)
+        if not any(int(d[EXECUTED] or 0) > 0 and "BRA" in d["Source"] and int(d[EXECUTED]) > 1000 for d in data):
+            continue  # no key-block loop ran (empty lists): the instructions above are all there is
         parts = regions(data)
         for name, idx in parts.items():
             samples = sum(int(data[i][SAMPLES] or 0) for i in idx)
