@@ -42,9 +42,10 @@ def _compile_reports():
 
 def test_every_variant_compiles_for_hopper_without_spills():
     reports = _compile_reports()
-    assert {(r["qk"], r["head_dim"], r["sparse"], r["groups"]) for r in reports} == {
+    assert {(r["qk"], r["head_dim"], r["sparse"], r["groups"]) for r in reports if r["aligned_out"]} == {
         (qk, d, s, 2) for qk in ("plain", "fp8", "int8") for d in (64, 128) for s in (False, True)} | {
         (qk, 64, s, 3) for qk in ("plain", "fp8", "int8") for s in (False, True)}
+    assert [(r["qk"], r["head_dim"], r["groups"]) for r in reports if not r["aligned_out"]] == [("fp8", 64, 3)]
     for r in reports:
         assert r["wgmma"] > 0 and r["setmaxnreg"] > 0, r  # tensor-core products; per-partition registers
         assert r["shared_bytes"] <= HOPPER_SMEM and r["spill_bytes"] == 0, r
@@ -59,7 +60,9 @@ def test_the_quantized_modes_store_their_output_sixteen_bytes_at_a_time():
     the rows start on 16 bytes)."""
     rows_per_thread = 2  # Hopper's accumulator layout: rows r and r + 8 of each warp's 16
     for r in _compile_reports():  # each consumer warpgroup's stores are in its own copy of the epilogue
-        if r["qk"] == "plain":
+        if not r["aligned_out"]:  # rows off 16 bytes: nothing wider than one value may be assumed
+            assert r["wide_stores"] == 0 and r["narrow_stores"] == r["head_dim"] // 2 * r["groups"], r
+        elif r["qk"] == "plain":
             assert r["wide_stores"] == 0 and r["narrow_stores"] == rows_per_thread * r["head_dim"] // 8 * r["groups"], r
         else:
             assert r["narrow_stores"] == 0 and r["wide_stores"] == rows_per_thread * r["head_dim"] // 32 * r["groups"], r
@@ -274,6 +277,17 @@ def test_host_layouts():
     view = ha.host_layout(v)
     assert (view.rb, view.rh, view.ch) == (50, 0, 64) and view.matrix.stride() == (576, 1)
     assert view.matrix.data_ptr() == v.data_ptr()
+
+
+def test_rows_aligned_says_whether_16_byte_stores_may_write_the_output():
+    """The forms' outputs ([B, S, H, D] storage, D innermost) may take 16 bytes at a time (``O_ALIGNED``); an output
+    whose rows start 8 bytes into 16, or whose head dim is not innermost, may not (the compile report's unaligned
+    launch then stores one value at a time: ``test_the_quantized_modes_store_their_output_sixteen_bytes_at_a_time``)."""
+    q = torch.empty(1, 300, 2, 64, dtype=torch.bfloat16).transpose(1, 2)
+    assert ha.rows_aligned(q) and ha.rows_aligned(torch.empty(1, 2, 300, 64, dtype=torch.bfloat16))
+    offset = torch.empty(1, 300, 2, 68, dtype=torch.bfloat16)[..., 4:].transpose(1, 2)  # rows 8 bytes into 16
+    assert not ha.rows_aligned(offset)
+    assert not ha.rows_aligned(torch.empty(1, 2, 64, 300, dtype=torch.bfloat16).transpose(2, 3))
 
 
 def test_stages_fit_beside_q():

@@ -48,15 +48,17 @@ class CompileReport:
     # copy of V lets each thread write eight neighbouring channels at once (``hopper_attention._ordered_output``)
     wide_stores: int
     narrow_stores: int
+    aligned_out: bool  # every row of the output starts on 16 bytes (``hopper_attention.rows_aligned``)
 
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
                 tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
-                byte_p: bool | None = None, lazy: bool | None = None) -> ha.Launch:
-    """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter)."""
+                byte_p: bool | None = None, lazy: bool | None = None, aligned_out: bool = True) -> ha.Launch:
+    """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter).
+    ``aligned_out`` False: an output whose rows start 8 bytes into 16 (``hopper_attention.rows_aligned``)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if aligned_out else torch.empty(1, S, H, D + 4, dtype=q.dtype)[..., 4:].transpose(1, 2)
     n = -(-S // ha.ROWS_Q)
     n_m = -(-S // (ha.ROWS_HALF * groups))  # query blocks of the lists: the program's rows
     qz = None
@@ -74,10 +76,11 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-             tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None):
+             tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
+             aligned_out: bool = True):
     """The compiled kernel and the compile-time flags it was compiled with."""
     # the flags as plan_launch decides them
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy)
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy, aligned_out)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -130,8 +133,8 @@ def _spills(info: str) -> int:
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> CompileReport:
-    compiled, _ = _compile(qk, head_dim, sparse, groups=groups)
+def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True) -> CompileReport:
+    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, aligned_out=aligned_out)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
@@ -141,7 +144,7 @@ def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2) -> Com
     wide = sum(kind.startswith("v4.") for kind in stores)
     return CompileReport(qk, head_dim, sparse, groups, compiled.metadata.shared, registers, spills,
                          ptx.count("wgmma.mma_async"), ptx.count("setmaxnreg"), ptx.count("shfl.sync"),
-                         "wgmma.mma_async instructions are serialized" in info, wide, len(stores) - wide)
+                         "wgmma.mma_async instructions are serialized" in info, wide, len(stores) - wide, aligned_out)
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,7 @@ def main() -> None:
         return
     reports = [compile_report(qk, d, sparse, groups) for qk in ("plain", "fp8", "int8") for d in (64, 128)
                for sparse, groups in ((False, 2), (True, 2), (False, 3), (True, 3)) if groups == 2 or d == 64]
+    reports.append(compile_report("fp8", 64, False, 3, aligned_out=False))  # rows 8 bytes into 16: narrow stores
     print(json.dumps([dataclasses.asdict(r) for r in reports]))
 
 
