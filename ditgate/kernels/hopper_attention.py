@@ -687,7 +687,10 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
 @gluon.constexpr_function
 def _stored_layout(rows, cols):
     """The accumulator's layout (``_mma_layout``) with its columns renamed by ``_ordered_output``: each thread's
-    eight neighbouring channels first among its registers, so that they go out in one 16-byte store."""
+    eight neighbouring channels first among its registers, so that they go out in one 16-byte store. One consumer
+    warpgroup's tile: 64 rows over four warps, as ``_mma_layout``."""
+    if rows != 64 or cols % 32:
+        raise ValueError(f"a consumer's output tile is 64 rows by a multiple of 32 channels, not {rows} x {cols}")
     reg = [[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, 32 << i] for i in range((cols // 32).bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]], [[16, 0], [32, 0]], [],
                                       [rows, cols])

@@ -29,6 +29,7 @@ from . import hopper_attention as ha
 from .quant_attention import Quantized
 
 HOPPER_SMEM = 232448  # bytes of shared memory one block may use on sm_90
+TARGET = GPUTarget("cuda", 90, 32)
 
 
 @dataclass(frozen=True)
@@ -89,13 +90,11 @@ def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, 
     return compiled, flags
 
 
-TARGET = GPUTarget("cuda", 90, 32)
-
-
 def _specialized_source(fn, args: tuple, flags: dict):
     """The kernel's source with its arguments specialized as a launch on the GPU specializes them (integers equal
     to 1 become constants, pointers and integers divisible by 16 say so): what decides, among other things, how
-    wide its stores are."""
+    wide its stores are. Through Triton's own specialization function (``native_specialize_impl``, not a public
+    API, as ``GluonASTSource`` is not), so that the two cannot drift apart."""
     from triton.backends.compiler import BaseBackend
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.experimental.gluon._runtime import GluonASTSource
