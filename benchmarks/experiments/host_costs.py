@@ -116,8 +116,7 @@ def main() -> None:
                                                           lists.kv_count, groups=groups),
             "plan_launch (lists), kept": lambda: ha.plan_launch(q, k, v, "fp8", scale, o, qz, lists.kv_index,
                                                                 lists.kv_count, groups=groups, memo=pool.memo),
-            "kernel launch (lists)": lambda: ha._hopper_attn_kernel[launch.grid](*launch.args, **launch.flags,
-                                                                                 num_warps=4),
+            "kernel launch (lists)": launch.run,
         }
         if args.before_quant:
             before = load_module(args.before_quant, "quant_attention_before")

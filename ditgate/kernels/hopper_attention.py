@@ -897,6 +897,10 @@ class Launch:
     args: tuple
     flags: dict
 
+    def run(self) -> None:
+        """Issue the kernel (one warpgroup's four warps per partition, as every partition is written for)."""
+        _hopper_attn_kernel[self.grid](*self.args, **self.flags, num_warps=4)
+
 
 def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_index=None, kv_count=None,
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
@@ -1033,5 +1037,5 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
                          narrow, tree_max, byte_p, memo, lazy)
-    _hopper_attn_kernel[launch.grid](*launch.args, **launch.flags, num_warps=4)
+    launch.run()
     return out
