@@ -153,17 +153,15 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
     that schedule, so that its output leaves in 16-byte stores (``hopper_attention._ordered_output``)."""
     blk, bh = p % n_n, p // n_n
     columns = blk * BLOCK + tl.arange(0, BLOCK)  # key positions in VT8, written in order
-    if PERMUTE:  # the key that lands on column 16h + 4t + 2a + b: 16h + 8a + 2t + b
+    channels = tl.arange(0, D)
+    if PERMUTE:  # column 16h + 4t + 2a + b gets key 16h + 8a + 2t + b; channel d goes to row _output_channel(d)
         rows = (columns & ~15) | (((columns >> 1) & 1) << 3) | (((columns >> 2) & 3) << 1) | (columns & 1)
+        at = _output_channel(channels)
     else:
-        rows = columns
+        rows, at = columns, channels
     v, cols, _ = _load_rows(V, rows, bh, svb, svh, svs, svd, HK, SK, D)
     vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
-    if PERMUTE:
-        at = _output_channel(cols)
-    else:
-        at = cols
     tl.store(VT8 + (bh * D + at[None, :]) * SK_PAD + columns[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
 
 
