@@ -102,6 +102,12 @@
 #   bash benchmarks/gpu.sh s15-wan       (carry .whl, after prep and join)  install; the sparse stage at Wan-14B, fa4
 #                                        alongside (the FP8 consumers over 128-row lists, the form's whole call, plain)
 #   bash benchmarks/gpu.sh s15-tests     (carry .whl)          no fa4: the GPU tests the timeouts of calls c and d cut short
+#   bash benchmarks/gpu.sh s16-ab        (carry .whl)          no fa4: INT8's row max over the integers (tests, A/B); the
+#                                        quantization with heads varying fastest against HEAD's; the FP8 sparse call profiled
+#   bash benchmarks/gpu.sh s16-probe     (carry .whl)          no fa4: INT8 GPU tests; Nsight Compute at Wan-14B, FP8 dense
+#                                        against every block listed
+#   bash benchmarks/gpu.sh s16-ahead     (carry .whl)          no fa4: four list indices in flight in the load partition:
+#                                        tests, the kernel alone over lists (A/B)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -116,6 +122,7 @@ install() {  # join the two halves of the cutlass cu13 wheel (first half left in
     if [ -f .big/b/cu13.partab ]; then cat /tmp/cu13.partaa .big/b/cu13.partab > "$CU13"; fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .whl/*.whl "$CU13" || exit 1
+    touch "$SITE/.with-cu13"  # what the stages that skip a repeated install look for (install_small leaves fa4 unusable)
 }
 smoke() {  # one small call per mode and schedule ($@, default 0 1 2), under a short timeout: a deadlock stops here;
     # HEAD_DIM (default 128) and GROUPS (consumer warpgroups to try, default the head dim's own) from the environment
@@ -140,6 +147,22 @@ sparse_ltx() {  # the sparse stage at LTX, selected and window, the 192-row cons
         --patterns selected window --skip-attach --consumers ditgate_fp8_hopper_192 fp8_sparse_form fp8_sparse_pooled \
         ditgate_plain_hopper_192 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -"$1"
+}
+ncu_runs() {  # Nsight Compute on ncu_target.py's FP8 launch at shape $2 for each run of $1 ("name options;...")
+    IFS=';' read -ra runs <<< "$1"
+    local shape=$2
+    for run in "${runs[@]}"; do
+        set -- $run
+        name=$1; shift
+        timeout 120 ncu --clock-control none -k regex:_hopper_attn_kernel -c 1 --section WarpStateStats \
+            --section SourceCounters --section SpeedOfLight -f -o "/tmp/ncu-$name" \
+            python3 benchmarks/ncu_target.py fp8 "$shape" "$@" > "$OUT/ncu-$name.log" 2>&1 || tail -5 "$OUT/ncu-$name.log"
+        ncu -i "/tmp/ncu-$name.ncu-rep" --page source --csv --print-source sass > "$OUT/sass-$name.csv" 2> "$OUT/sass-$name.err"
+        ncu -i "/tmp/ncu-$name.ncu-rep" --page details > "$OUT/ncu-$name.txt" 2>&1
+        grep -i "duration\|issue slots busy\|eligible warps\|cycles per issued" "$OUT/ncu-$name.txt" | head -6
+    done
+    python3 benchmarks/experiments/ncu_stalls.py "$OUT"/sass-*.csv 2>&1 | tee "$OUT/stalls.txt" | head -60
+    gzip -f "$OUT"/sass-*.csv
 }
 install_small() {  # every wheel but the cutlass cu13 libraries (no fa4)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
@@ -167,20 +190,17 @@ s14-ltx)  # carry .whl, after prep and join: the session's final code at LTX, fa
     ;;
 s14-ncu)  # carry .whl (no fa4): Nsight Compute's stall samples per SASS instruction, FP8 at LTX (6 heads), dense and
     # over lists of every block in order (the same blocks, in the same order, as dense); NCU_RUNS replaces the two runs
-    # (name and ncu_target.py options, runs apart by ';')
+    # (name and ncu_target.py options, runs apart by ';'), NCU_SHAPE the shape (ltx or wan)
     install_small
-    IFS=';' read -ra runs <<< "${NCU_RUNS:-dense;lists216 --lists 216}"
-    for run in "${runs[@]}"; do
-        set -- $run
-        name=$1; shift
-        timeout 120 ncu --clock-control none -k regex:_hopper_attn_kernel -c 1 --section WarpStateStats \
-            --section SourceCounters --section SpeedOfLight -f -o "/tmp/ncu-$name" \
-            python3 benchmarks/ncu_target.py fp8 ltx "$@" > "$OUT/ncu-$name.log" 2>&1 || tail -5 "$OUT/ncu-$name.log"
-        ncu -i "/tmp/ncu-$name.ncu-rep" --page source --csv --print-source sass > "$OUT/sass-$name.csv" 2> "$OUT/sass-$name.err"
-        ncu -i "/tmp/ncu-$name.ncu-rep" --page details > "$OUT/ncu-$name.txt" 2>&1
-        grep -i "duration\|issue slots busy\|eligible warps\|cycles per issued" "$OUT/ncu-$name.txt" | head -6
-    done
-    python3 benchmarks/experiments/ncu_stalls.py "$OUT"/sass-*.csv 2>&1 | tee "$OUT/stalls.txt" | head -60
+    ncu_runs "${NCU_RUNS:-dense;lists216 --lists 216}" "${NCU_SHAPE:-ltx}"
+    ;;
+s16-probe)  # carry .whl (no fa4): the INT8 paths' GPU tests (the integer row max now on by default); Nsight Compute at
+    # Wan-14B (8 heads), FP8 dense against every one of the 256 key blocks listed in order
+    install_small
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_gpu.py -k "(matches_reference and schedule3 \
+        and int8) or (three_warpgroups and int8) or (lists_equal and schedule3 and int8) or cuda_forms" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    ncu_runs "dense;lists256 --lists 256" wan
     ;;
 s14-bits)  # carry .whl (no fa4): the quantized copies with the first pass at two warps against four, field by field
     install_small
@@ -209,7 +229,7 @@ s15-tests)  # carry .whl (no fa4): the forms' GPU tests and the Hopper list test
         | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest-lists.txt"
     ;;
 s15-wan)  # carry .whl, after prep and join: the sparse stage at Wan-14B with fa4 alongside
-    [ -f "$SITE/flash_attn/cute/__init__.py" ] || install
+    [ -f "$SITE/.with-cu13" ] || install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 420 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f --patterns selected window \
         --skip-attach --consumers ditgate_fp8_hopper fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper 2>&1 \
@@ -223,7 +243,7 @@ s15-profile)  # carry .whl (no fa4): where the FP8 sparse form's whole call spen
         --whole-rounds 3 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -8
     ;;
 s15-final)  # carry .whl, after prep and join (install skipped where a stage of this machine installed already)
-    [ -f "$SITE/flash_attn/cute/__init__.py" ] || install
+    [ -f "$SITE/.with-cu13" ] || install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     parts=" ${PARTS:-tests ab fixed sparse} "
     if [[ $parts == *" tests "* ]]; then
@@ -252,6 +272,34 @@ s15-ordered)  # carry .whl (no fa4): the Hopper kernel's GPU tests; the kernel a
     timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ${SHAPES:-ltx wan} --kernel-only \
         --blocks ${BLOCKS:-0 1 8 27 54} --variants ${VARIANTS:-default} --kernel-rounds ${ROUNDS:-3} \
         2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -60
+    ;;
+s16-ab)  # carry .whl (no fa4): INT8's row max over the integers (GPU tests: the same bits; pin_ab.py A/B) and the
+    # quantization passes with heads varying fastest against the module file quant_attention_before.py beside
+    # quantize_kernels.py (HEAD's, written there untracked: see quantize_kernels.py); the FP8 sparse call kernel by kernel.
+    # Call a of results 2026-12-04-h200-s16 ran it; the heads-first order was removed after it (no gain)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 240 python3 -m pytest -q tests/test_hopper_kernel.py -k "int8_row_max or (p_bytes_without_exp2 and int8)" \
+        --tb=line 2>&1 | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 200 python3 benchmarks/experiments/pin_ab.py --out "$OUT" --rounds 3 --modes int8 \
+        --variants int_max=0 int_max=1 --list-lengths 2>&1 | tee "$OUT/pin-ab.log" | grep -v "^{" \
+        | grep -v "aux_data\|exe_args" | tail -12
+    timeout 150 python3 benchmarks/experiments/quantize_kernels.py --out "$OUT" --warps 2 4 \
+        --before benchmarks/experiments/quant_attention_before.py 2>&1 | tee "$OUT/quantize-kernels.log" | grep -v "^{" \
+        | tail -24
+    timeout 90 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ltx 2>&1 \
+        | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -14
+    ;;
+s16-ahead)  # carry .whl (no fa4): four list indices in flight in the load partition (ahead): GPU tests (the same bits),
+    # then the kernel alone over lists at the issue's densities, 0.3 and 1, against one in flight (fixed_costs.py).
+    # Call d of results 2026-12-04-h200-s16 ran it; the option and its test were removed after it (no gain)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "four_list_indices" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan --kernel-only \
+        --variants default ahead=1 --kernel-rounds 3 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" \
+        | grep "median\|fit\|over dense\|same" | tail -40
     ;;
 s15-fixed)  # carry .whl (no fa4): the kernel alone over short lists at LTX, per variant, to see the per-program cost
     install_small

@@ -151,6 +151,18 @@ def test_the_lazy_rescale_puts_the_outputs_multiplies_behind_one_vote():
         assert lazy["loop_instructions"] <= eager["loop_instructions"] + 16, (eager, lazy)
 
 
+def test_int8_row_max_over_the_integers_takes_the_float_chain_out_of_the_step():
+    """INT8's row max over the integer products (``int_max``, on by default for dense INT8, ``INT_MAXED``): ptxas
+    makes it three-input integer maxima, so the chain of float maxima leaves the step, the loop's body shrinks by at
+    least 20 instructions at both head dims, and nothing spills."""
+    shapes = _loop_shapes("--int-max")
+    for floats, ints in zip(shapes[::2], shapes[1::2]):
+        assert not floats["int_max"] and ints["int_max"] and floats["head_dim"] == ints["head_dim"]
+        assert floats["max_chain"] >= 31 and ints["max_chain"] <= 2 and ints["integer_maxima"] >= 30, (floats, ints)
+        assert ints["spill_bytes"] == 0 and ints["loop_instructions"] <= floats["loop_instructions"] - 20, (floats, ints)
+    assert ("int8", 64, None) in ha.INT_MAXED and ("int8", 128, None) in ha.INT_MAXED
+
+
 def test_launch_options_default_per_mode_and_are_checked():
     """What ``plan_launch`` decides when the call leaves the schedule's options alone, on CPU tensors: the
     tile of ones exists only where the row sums are the tensor cores' (V's descriptor stands in, never
@@ -177,6 +189,10 @@ def test_launch_options_default_per_mode_and_are_checked():
         host_launch("fp8", 64, False, 3, narrow=3)
     with pytest.raises(ValueError, match="byte_p"):  # the lazy rescale lives in the bytes' headroom
         host_launch("fp8", 64, False, 3, byte_p=False, lazy=True)
+    with pytest.raises(ValueError, match="INT8"):  # the integer max needs integer products
+        host_launch("fp8", 64, False, 3, int_max=True)
+    assert host_launch("int8", 64, False, 3).flags["INT_MAX"] and host_launch("int8", 128, False, 2).flags["INT_MAX"]
+    assert not host_launch("int8", 64, True, 3).flags["INT_MAX"] and not fp8_64.flags["INT_MAX"]
     for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False), ("fp8", 64, 3, True)):
         where = (qk, d, 64 * groups if sparse else None)
         assert host_launch(qk, d, sparse, groups).flags["LAZY"] == (where in ha.LAZY_RESCALED)
@@ -452,6 +468,28 @@ def test_a_tree_of_maxima_changes_no_bit(qk):
     index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
     outs = [ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, tree_max=tree)
             for tree in (False, True)]
+    assert torch.equal(*outs)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, groups", [(64, 2), (64, 3), (128, 2)])
+def test_int8_row_max_over_the_integers_changes_no_bit(D, groups):
+    """The integers' max times the step's scale is the floats' max minus the offset, exactly (both under 2^22), so
+    ``int_max`` on and off give the same bits: dense with a masked tail block and with keys a multiple of the
+    block, with and without the bytes, and over lists with an empty one."""
+    for sk, byte_p in ((1077, None), (1024, None), (1077, False)):
+        q, k, v = _qkv(2, 4, 2, 300, sk, D, seed=31)
+        outs = [ha.hopper_attention(q, k, v, qk="int8", groups=groups, byte_p=byte_p, int_max=on) for on in (False, True)]
+        assert torch.equal(*outs) and outs[0].isfinite().all()
+    q, k, v = _qkv(1, 2, 2, 1000, 1000, D, seed=37)
+    n_m, n = -(-1000 // (64 * groups)), 8
+    keep = torch.rand(1, 2, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7)) < 0.5
+    keep[0, 1, 2] = False
+    count = keep.sum(-1).to(torch.int32)
+    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    outs = [ha.hopper_attention(q, k, v, qk="int8", kv_index=index, kv_count=count, groups=groups, int_max=on)
+            for on in (False, True)]
     assert torch.equal(*outs)
 
 

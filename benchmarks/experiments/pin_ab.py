@@ -92,7 +92,7 @@ def main() -> None:
     def attend(*tensors, before=0, **call):
         return kernels[before](*tensors, **call)
     for flags in variants:
-        for name in ("pin", "tc_sum", "tree_max", "byte_p", "lazy"):
+        for name in ("pin", "tc_sum", "tree_max", "byte_p", "lazy", "int_max"):
             if name in flags:
                 flags[name] = bool(flags[name])
 

@@ -125,6 +125,14 @@ BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), 
 # the 32 (64) multiplies they skip wherever the rows' maxima still move often (short lists) or the step is
 # longer (INT8's integer adds, head dim 128's two votes)
 LAZY_RESCALED = frozenset({("fp8", 64, None)})
+# (mode, head dim, list rows or None) where INT8's row max is taken over the integer products (``_softmax_step``'s
+# INT_MAX) rather than over their floats, the same bits: ptxas makes it three-input integer maxima (VIMNMX3), about
+# half the instructions of the float chain, and the step's SASS shrinks from 428 to 400 instructions at head dim 64
+# (three warpgroups) and from 474 to 441 at 128 (``python -m ditgate.kernels.hopper_compile --int-max``). On the H200
+# in one run (benchmarks/results/2026-12-04-h200-s16, call a, pin_ab.py, three rounds, ms float max -> integer max):
+# INT8 at LTX 9.02-9.24 -> 8.47-8.64, at Wan-14B 24.08-24.38 -> 23.17-24.30, the same bits. Dense only: INT8 lists
+# stay on Triton (``FASTER_THAN_TRITON``), where the option was not timed
+INT_MAXED = frozenset({("int8", 64, None), ("int8", 128, None)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("fp8", 128, 128), ("int8", 64, None), ("int8", 128, None)})
@@ -181,7 +189,8 @@ def _produce(loads, STAGES: gl.constexpr, SPARSE: gl.constexpr, V_T: gl.constexp
 
 @gluon.jit
 def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr,
-                  SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr = False, LAZY: gl.constexpr = False):
+                  SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr = False, LAZY: gl.constexpr = False,
+                  INT_MAX: gl.constexpr = False):
     """One block's scores into P (fp32, unnormalized) and the running max and sum (m_i in log2 units).
 
     ``c``: the score scale (quantized, the product of the blocks' scales, > 0, so max(raw · c) = max(raw) · c).
@@ -193,7 +202,9 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     (``_byte_p``), with no exp2 but alpha's. ``LAZY`` (with ``BYTE_P``): a row keeps its reference max until the
     block's max passes it by ``LAZY_TAU``, so alpha is exactly 1 on most rows and most blocks (``_rows_rescaled``
     then skips the output's rescale); exact in real arithmetic, as any reference is, since P and its row sums
-    share it. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
+    share it. ``INT_MAX`` (INT8): the row max over the integer products, three-input integer maxima where the
+    floats take a chain of two-input ones (``INT_MAXED``); not in the block that may be masked, where holding the
+    products and their floats at once spilled. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
     the FMA units, as FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
     benchmarks/results/2026-12-03-h200-s8, call e: plain 12.56-13.05 against 12.24-12.30 ms at LTX, FP8
     10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
@@ -211,7 +222,10 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
         if j == n_n - 1:
             cols = j * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, s.type.layout))
             raw = gl.where((cols < S_K)[None, :], raw, float("-inf"))
-    m_new = gl.maximum(m_i, (_row_max(raw, TREE_MAX) - offset) * c)
+    if INT_QK and INT_MAX and not MASK:  # the products' own max, exact in fp32 (|s| < 2^22) as raw's minus the offset
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX).to(gl.float32) * c)
+    else:
+        m_new = gl.maximum(m_i, (_row_max(raw, TREE_MAX) - offset) * c)
     if LAZY:  # keep the row's reference unless its max rose past LAZY_TAU (``_rows_rescaled``)
         moved = m_new > m_i + LAZY_TAU
         alpha = gl.where(moved, gl.exp2(m_i - m_new), 1.0)
@@ -488,7 +502,8 @@ def _sum_product(pv, ones_smem, lacc):
 def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                  ks_base, n_n, S_K, s_zero, o_layout: gl.constexpr, STAGES: gl.constexpr, SPARSE: gl.constexpr,
                  MASK: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr, lacc, ones_smem,
-                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
+                 TC_SUM: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
+                 INT_MAX: gl.constexpr):
     """Schedule 0's block i (index j, K scale ksc): Q·Kᵀ, softmax, P·V (and P·1, ``TC_SUM``), each waited for."""
     ks_next, j_after = _ahead(row, KS, ks_base, i, count, j_next, SPARSE, QUANT)
     st = i % STAGES
@@ -496,7 +511,7 @@ def _serial_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, k
     s = warpgroup_mma(q_part, k_bufs.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
-                                       TREE_MAX, BYTE_P, LAZY)
+                                       TREE_MAX, BYTE_P, LAZY, INT_MAX)
     acc = _scaled_output(acc, alpha, LAZY)
     pv = _as_operand(p, v_bufs.dtype, o_layout, BYTE_P)
     acc = warpgroup_mma(pv, _v_operand(v_bufs, st, V_T), acc, is_async=True)
@@ -517,7 +532,8 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
                      STAGES: gl.constexpr, SPARSE: gl.constexpr, MASK: gl.constexpr, QUANT: gl.constexpr,
                      INT_QK: gl.constexpr, V_T: gl.constexpr, TURNS: gl.constexpr, EARLY: gl.constexpr,
                      GROUPS: gl.constexpr, sums, PIN: gl.constexpr, lacc, ones_smem, TC_SUM: gl.constexpr,
-                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr):
+                     NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
+                     INT_MAX: gl.constexpr):
     """Schedules 1 to 4: block i's Q·Kᵀ and block i-1's P·V (from ``carried``, see ``_carried``) issued
     together, so that block i's softmax could run while P·V is on the tensor cores. The new P (fp32;
     the wait takes no 8-bit values) and row sum go through the P·V wait as its dependencies, which
@@ -555,7 +571,7 @@ def _overlapped_step(q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, c
     else:
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
     p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, MASK, QUANT, INT_QK, not TC_SUM,
-                                       TREE_MAX, BYTE_P, LAZY)
+                                       TREE_MAX, BYTE_P, LAZY, INT_MAX)
     if PIN:
         sums.store(l_i)
     if TC_SUM:
@@ -578,7 +594,7 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
              NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
-             O_ALIGNED: gl.constexpr):
+             INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -627,32 +643,33 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, i, count, j, ksc, j_next, acc, m_i, l_i, c_q, KS,
                 ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, False, QUANT, INT_QK, V_T, lacc, ones_smem,
-                TC_SUM, TREE_MAX, BYTE_P, LAZY)
+                TC_SUM, TREE_MAX, BYTE_P, LAZY, INT_MAX)
         if count > 0:
             acc, lacc, m_i, l_i, j, ksc, j_next = _serial_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, row, count - 1, count, j, ksc, j_next, acc, m_i, l_i, c_q,
                 KS, ks_base, n_n, S_K, s_zero, o_layout, STAGES, SPARSE, not EVEN_K, QUANT, INT_QK, V_T, lacc,
-                ones_smem, TC_SUM, TREE_MAX, BYTE_P, LAZY)
+                ones_smem, TC_SUM, TREE_MAX, BYTE_P, LAZY, INT_MAX)
     elif count > 0:
         ks_next, j_after = _ahead(row, KS, ks_base, 0, count, j_next, SPARSE, QUANT)
         mbarrier.wait(kv_ready.index(0), 0)
         s = warpgroup_mma(q_part, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, c_q * ksc, n_n, S_K, not EVEN_K, QUANT, INT_QK,
-                                           not TC_SUM, TREE_MAX, BYTE_P, LAZY)
+                                           not TC_SUM, TREE_MAX, BYTE_P, LAZY, INT_MAX)
         carried = _carried(p, pv_dtype, o_layout, NARROW, BYTE_P)
         j, ksc, j_next = j_next, ks_next, j_after
         for i in range(1, count - 1):
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, i, count, j, ksc, j_next, acc, carried, alpha,
                 m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, False, QUANT, INT_QK, V_T,
-                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX, BYTE_P, LAZY)
+                SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW, TREE_MAX, BYTE_P,
+                LAZY, INT_MAX)
         if count > 1:
             acc, lacc, carried, alpha, m_i, l_i, j, ksc, j_next = _overlapped_step(
                 q_part, k_bufs, v_bufs, kv_ready, kv_empty, turn, row, count - 1, count, j, ksc, j_next, acc, carried,
                 alpha, m_i, l_i, c_q, KS, ks_base, n_n, S_K, s_zero, o_layout, PART, STAGES, SPARSE, not EVEN_K, QUANT,
                 INT_QK, V_T, SCHEDULE % 2 == 0, SCHEDULE >= 3, GROUPS, sums, PIN, lacc, ones_smem, TC_SUM, NARROW,
-                TREE_MAX, BYTE_P, LAZY)
+                TREE_MAX, BYTE_P, LAZY, INT_MAX)
         last = (count - 1) % STAGES
         if SCHEDULE >= 3:
             acc = _scaled_output(acc, alpha, LAZY)
@@ -721,7 +738,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
                         NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
-                        O_ALIGNED: gl.constexpr):
+                        INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -772,19 +789,19 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
             (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
         ], [4, 4], [240, 240])
 
 
@@ -906,7 +923,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
                 pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
                 tree_max: bool | None = None, byte_p: bool | None = None, memo: Memo | None = None,
-                lazy: bool | None = None) -> Launch:
+                lazy: bool | None = None, int_max: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
@@ -914,7 +931,8 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
     (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from two FMAs instead of an exp2
     (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores; ``lazy``: with P's bytes, the output
-    rescaled only where a row's max rose past ``LAZY_TAU`` (``_rows_rescaled``; ``LAZY_RESCALED``). ``memo``: where the descriptors of
+    rescaled only where a row's max rose past ``LAZY_TAU`` (``_rows_rescaled``; ``LAZY_RESCALED``); ``int_max``: INT8's
+    row max over the integer products (``INT_MAXED``), the same bits. ``memo``: where the descriptors of
     ``qz``'s copies and the tile of ones are kept between calls (the workspace that ``qz``'s buffers came from;
     the host's own tensors, read in plain mode, are never kept)."""
     B, H, SQ, D = q.shape
@@ -956,6 +974,10 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
         lazy = where in LAZY_RESCALED and bool(byte_p)
     if lazy and not byte_p:
         raise ValueError("lazy keeps a row's reference max within P's bytes' headroom: it needs byte_p")
+    if int_max is None:
+        int_max = where in INT_MAXED
+    if int_max and qk != "int8":
+        raise ValueError("int_max takes each row's max over INT8's integer products: INT8 mode only")
     if narrow is None:
         narrow = default_narrowing(groups, qk, bool(byte_p))
     if narrow not in (0, 1, 2) or (byte_p and narrow == 1):
@@ -974,7 +996,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
                  TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), BYTE_P=bool(byte_p),
-                 LAZY=bool(lazy), O_ALIGNED=rows_aligned(out))
+                 LAZY=bool(lazy), INT_MAX=bool(int_max), O_ALIGNED=rows_aligned(out))
     return Launch((n_m, B * H), args, flags)
 
 
@@ -993,7 +1015,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      tc_sum: bool | None = None, narrow: int | None = None,
                      tree_max: bool | None = None, byte_p: bool | None = None,
                      prepared: Quantized | None = None, memo: Memo | None = None,
-                     lazy: bool | None = None) -> torch.Tensor:
+                     lazy: bool | None = None, int_max: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade.
     ``memo``: keeps host-side launch objects between calls (``plan_launch``); give it only with ``buffers`` of
@@ -1036,6 +1058,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
-                         narrow, tree_max, byte_p, memo, lazy)
+                         narrow, tree_max, byte_p, memo, lazy, int_max)
     launch.run()
     return out

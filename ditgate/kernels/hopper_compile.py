@@ -7,7 +7,7 @@ products against the exp2s in each overlapped schedule's loop. Run it in a proce
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max | --byte-p | --lazy]
+    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max | --byte-p | --lazy | --int-max]
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class CompileReport:
 
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
                 tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
-                byte_p: bool | None = None, lazy: bool | None = None, aligned_out: bool = True) -> ha.Launch:
+                byte_p: bool | None = None, lazy: bool | None = None, aligned_out: bool = True,
+                int_max: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter).
     ``aligned_out`` False: an output whose rows start 8 bytes into 16 (``hopper_attention.rows_aligned``)."""
     S, H, D = 1000, 2, head_dim
@@ -72,16 +73,17 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        permuted_v=True)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
-                          narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy)
+                          narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy, int_max=int_max)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
              tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
-             aligned_out: bool = True):
+             aligned_out: bool = True, int_max: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     # the flags as plan_launch decides them
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy, aligned_out)
+    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy, aligned_out,
+                         int_max)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -163,10 +165,12 @@ class LoopShape:
     tree_max: bool  # each row's max as a tree of pairwise maxima (``hopper_attention._row_max``)
     byte_p: bool  # P's FP8 bytes from FMAs, no exp2 but alpha's (``hopper_attention._byte_p``)
     lazy: bool  # the output rescaled only where a row's max moved (``hopper_attention._rows_rescaled``)
+    int_max: bool  # INT8's row max over the integer products (``hopper_attention.INT_MAXED``)
     spill_bytes: int
     instructions: int  # to the next fresh Q·Kᵀ product: the loop's body and what follows its branch back
     loop_instructions: int  # to the branch back: the body alone
-    max_chain: int  # the longest chain of dependent maxima (FMNMX) in the step
+    max_chain: int  # the longest chain of dependent float maxima (FMNMX) in the step
+    integer_maxima: int  # integer maxima in the body, two-input (VIMNMX) and three-input (VIMNMX3)
     waits: tuple[tuple[int, int], ...]  # (position, groups left in flight)
     first_exp2: int
     last_exp2: int
@@ -176,12 +180,14 @@ class LoopShape:
 
 def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
                sparse: bool = False, tc_sum: bool | None = None, narrow: int | None = None,
-               tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None) -> LoopShape:
+               tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
+               int_max: bool | None = None) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
     from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
     only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
     see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy)
+    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy,
+                               int_max=int_max)
     with tempfile.TemporaryDirectory() as tmp:
         info, cubin = _assemble(compiled.asm["ptx"], tmp)
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
@@ -198,7 +204,8 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
     loop = back[0] + 1 if back else len(step)
     return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], flags["NARROW"],
-                     flags["TREE_MAX"], flags["BYTE_P"], flags["LAZY"], _spills(info), len(step), loop, _longest_chain(step, "FMNMX"),
+                     flags["TREE_MAX"], flags["BYTE_P"], flags["LAZY"], flags["INT_MAX"], _spills(info), len(step), loop,
+                     _longest_chain(step, "FMNMX"), sum(ins.split()[0] in ("VIMNMX", "VIMNMX3") for ins in step[:loop]),
                      waits, exp2[0], exp2[-1], sum(i < loop for i in exp2),
                      _skippable(step[:loop], addresses[starts[1]:starts[1] + loop], "FMUL"))
 
@@ -251,6 +258,9 @@ LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an o
                          for bytes_ in (False, True)],
     # plain over 192-row lists (pinned by default), with and without the pin
     "--pin": lambda: [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)],
+    # INT8's row max over the products' floats or over the integers, dense at both head dims' warpgroups
+    "--int-max": lambda: [loop_shape("int8", d, 3, groups, int_max=int_max)
+                          for d, groups in ((64, 3), (128, 2)) for int_max in (False, True)],
     # the output rescaled every block or only where a row's max moved, in the 8-bit modes with P's bytes
     "--lazy": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, lazy=lazy)
                        for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 64, 3, False),
