@@ -108,6 +108,8 @@
 #                                        against every block listed
 #   bash benchmarks/gpu.sh s16-ahead     (carry .whl)          no fa4: four list indices in flight in the load partition:
 #                                        tests, the kernel alone over lists (A/B)
+#   bash benchmarks/gpu.sh s16-beside    (carry .whl)          no fa4: K and V quantized beside the selection on a second
+#                                        stream: tests, the FP8 sparse call's whole time (A/B)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -300,6 +302,15 @@ s16-ahead)  # carry .whl (no fa4): four list indices in flight in the load parti
     timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan --kernel-only \
         --variants default ahead=1 --kernel-rounds 3 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" \
         | grep "median\|fit\|over dense\|same" | tail -40
+    ;;
+s16-beside)  # carry .whl (no fa4): K and V quantized on a second stream beside the selection (kv_beside_selection):
+    # GPU tests (the same bits), then the FP8 sparse form's whole call at budget 0.3 three ways, interleaved rounds
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py -k "second_stream" --tb=line 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -3 | tee "$OUT/pytest.txt"
+    timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan --whole-only \
+        --whole-rounds ${ROUNDS:-4} 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -30
     ;;
 s15-fixed)  # carry .whl (no fa4): the kernel alone over short lists at LTX, per variant, to see the per-program cost
     install_small

@@ -79,9 +79,10 @@ def same_bits(launches: dict, out: torch.Tensor, record) -> None:
 
 
 def whole_call_variants(q, k, v, scale, rows_q) -> dict:
-    """The FP8 sparse form's whole call at budget 0.3 over a video layout, as a plan runs it, two ways: the selector
-    pooling Q and K itself, or the form's quantization pooling for it (``Form.pool_for_selection``). Checks that
-    both give the same bits."""
+    """The FP8 sparse form's whole call at budget 0.3 over a video layout, as a plan runs it, three ways: the selector
+    pooling Q and K itself, the form's quantization pooling for it (``Form.pool_for_selection``), and the same with
+    K and V quantized on a second stream beside the selection (``kv_beside_selection``). Checks that all give the
+    same bits."""
     from ditgate.forms import AttentionInputs, create_forms
     from ditgate.forms.base import describe_call
 
@@ -95,14 +96,21 @@ def whole_call_variants(q, k, v, scale, rows_q) -> dict:
     def own():
         return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
 
-    def pooled():
+    form.kv_beside_selection = False  # the one-stream path (the form's default is two since results s16, call g)
+    beside = create_forms(["fp8_sparse"])["fp8_sparse"]  # K and V quantized on a second stream, beside the selection
+    beside.availability()
+    beside.kv_beside_selection = True
+
+    def pooled(form=form):
         tiles = form.pool_for_selection(call, x, rows_q, ha.ROWS_K)
         lists = selector.select(q, k, layout, 0.3, rows_q, lambda: (tiles.query, tiles.key))
         return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=lists, prepared=tiles.prepared))
 
-    if not torch.equal(own(), pooled()):
-        raise SystemExit("the two ways of pooling gave different outputs")
-    return {"whole call, selector pools": own, "whole call, quantization pools": pooled}
+    first = own()
+    if not torch.equal(first, pooled()) or not torch.equal(first, pooled(beside)):
+        raise SystemExit("the ways of pooling gave different outputs")
+    return {"whole call, selector pools": own, "whole call, quantization pools": pooled,
+            "whole call, quantization pools, KV beside": lambda: pooled(beside)}
 
 
 def whole_calls(q, k, v, scale, rows_q, rounds, record):

@@ -382,6 +382,13 @@ class Quantized:
     permuted_v: bool = False  # V's keys and channels in the Hopper schedule's orders (``_quant_v_block``)
     k_sums: torch.Tensor | None = None  # float32 [B, HK, n_n, D]: each key block's column sums (before smoothing)
     q_sums: torch.Tensor | None = None  # float32 [B, H, n_m, D] where asked for (``quantize(sums=True)``)
+    # recorded on ``quantize``'s ``kv_stream`` after K's and V's copies: what a launch reading them waits for (``ready``)
+    kv_done: torch.cuda.Event | None = None
+
+    def ready(self) -> None:
+        """Make the current stream wait for K's and V's copies where another stream made them (``kv_stream``)."""
+        if self.kv_done is not None:
+            torch.cuda.current_stream(self.k.device).wait_event(self.kv_done)
 
     @property
     def settings(self) -> tuple[str, float, int, int, bool]:
@@ -412,13 +419,15 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
-             sums: bool = False) -> Quantized:
+             sums: bool = False, kv_stream: torch.cuda.Stream | None = None) -> Quantized:
     """Three launches: Q quantized beside one pass
     over K and V for K's column sums (its mean) and V's channel absmax; K's mean and V's scales from those;
     K and V quantized. ``permute_v``: V's keys in the Hopper schedule's P order and its channels in that
     schedule's output order (see ``_quant_v_block``). ``sums``: Q's column sums per query block as well, written by
     the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without
-    reading Q and K again)."""
+    reading Q and K again). ``kv_stream``: the last launch (K and V) goes there, after the first two, so that what
+    the caller does next on its own stream (the selection) can run beside it; whatever reads the copies waits for
+    them first (``Quantized.ready``)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -452,9 +461,19 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     # at Wan-14B's 40 x 32760 x 128, where K and V in two launches took 0.126 + 0.127 (V at eight warps 0.140).
     # Before it (results s13, e-parts), V's byte-wise stores had wanted eight warps at Wan-14B (0.172 against 0.308)
     # and two launches
-    _quant_kv_kernel[(2 * kv_programs,)](*kv, **flags, PART=0)
+    kv_done = None
+    if kv_stream is None:
+        _quant_kv_kernel[(2 * kv_programs,)](*kv, **flags, PART=0)
+    else:
+        kv_stream.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(kv_stream):
+            _quant_kv_kernel[(2 * kv_programs,)](*kv, **flags, PART=0)
+        for t in (k, v, k8, ks, k_mean, vt8, v_scale):  # not handed to another allocation before the launch is done
+            t.record_stream(kv_stream)
+        kv_done = torch.cuda.Event()
+        kv_done.record(kv_stream)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
-                     permute_v, k_sums, q_sums if sums else None)
+                     permute_v, k_sums, q_sums if sums else None, kv_done)
 
 
 QK_MODES = ("fp8", "int8", "plain")
@@ -467,6 +486,8 @@ def checked_prepared(prepared: Quantized | None, qk: str, scale: float, block_m:
     if prepared is not None and prepared.settings != needed:
         raise ValueError(f"prepared copies were made for {prepared.settings}, this launch needs {needed} (qk, scale, "
                          "block_m, block_n, V permuted)")
+    if prepared is not None:
+        prepared.ready()  # where K and V were quantized on another stream (``quantize``'s kv_stream)
     return prepared
 
 
