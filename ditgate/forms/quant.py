@@ -131,8 +131,9 @@ class _QuantForm(Form):
         if self._on_hopper(q, k, v, (rows, block)):
             kv_stream = None
             if self.kv_beside_selection and not torch.cuda.is_current_stream_capturing():  # one stream in a graph
-                kv_stream = self._kv_streams.get(q.device) or self._kv_streams.setdefault(
-                    q.device, torch.cuda.Stream(q.device))
+                kv_stream = self._kv_streams.get(q.device)
+                if kv_stream is None:
+                    kv_stream = self._kv_streams[q.device] = torch.cuda.Stream(q.device)
             qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True, kv_stream=kv_stream)
         else:
             qz = self._kernel.quantize(q, k, v, self.qk, scale, self._triton_config(q, k, v, rows, block), buffers,
