@@ -507,17 +507,13 @@ def test_k_and_v_quantized_on_a_second_stream_give_the_same_bits(qk, D):
 def test_int8_row_max_over_the_integers_changes_no_bit(D, groups):
     """The integers' max times the step's scale is the floats' max minus the offset, exactly (both under 2^22), so
     ``int_max`` on and off give the same bits: dense with a masked tail block and with keys a multiple of the
-    block, with and without the bytes, and over lists with an empty one."""
+    block, with and without the bytes, and over lists with an empty one (``_random_lists``)."""
     for sk, byte_p in ((1077, None), (1024, None), (1077, False)):
         q, k, v = _qkv(2, 4, 2, 300, sk, D, seed=31)
         outs = [ha.hopper_attention(q, k, v, qk="int8", groups=groups, byte_p=byte_p, int_max=on) for on in (False, True)]
         assert torch.equal(*outs) and outs[0].isfinite().all()
     q, k, v = _qkv(1, 2, 2, 1000, 1000, D, seed=37)
-    n_m, n = -(-1000 // (64 * groups)), 8
-    keep = torch.rand(1, 2, n_m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7)) < 0.5
-    keep[0, 1, 2] = False
-    count = keep.sum(-1).to(torch.int32)
-    index = torch.where(keep, torch.arange(n, device="cuda"), n).sort(-1).values.clamp_max(n - 1).to(torch.int32)
+    index, count, _ = _random_lists(1, 2, 1000, 64 * groups, seed=7)
     outs = [ha.hopper_attention(q, k, v, qk="int8", kv_index=index, kv_count=count, groups=groups, int_max=on)
             for on in (False, True)]
     assert torch.equal(*outs)

@@ -481,7 +481,9 @@ QK_MODES = ("fp8", "int8", "plain")
 
 def checked_prepared(prepared: Quantized | None, qk: str, scale: float, block_m: int, block_n: int,
                      permuted_v: bool) -> Quantized | None:
-    """``prepared`` if it is what this launch would quantize itself; a mismatch is the caller's bug, refused."""
+    """``prepared`` if it is what this launch would quantize itself; a mismatch is the caller's bug, refused. The
+    current stream then waits for the copies where another stream made K's and V's (``Quantized.ready``): every
+    launch that reads prepared copies takes them through here."""
     needed = (qk, scale, block_m, block_n, permuted_v)
     if prepared is not None and prepared.settings != needed:
         raise ValueError(f"prepared copies were made for {prepared.settings}, this launch needs {needed} (qk, scale, "
