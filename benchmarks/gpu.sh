@@ -110,6 +110,10 @@
 #                                        tests, the kernel alone over lists (A/B)
 #   bash benchmarks/gpu.sh s16-beside    (carry .whl)          no fa4: K and V quantized beside the selection on a second
 #                                        stream: tests, the FP8 sparse call's whole time (A/B)
+#   bash benchmarks/gpu.sh s17-plain     (carry .whl)          no fa4: plain mode's lazy rescale and gathered output stores
+#                                        (tests, the kernel alone over lists at LTX), the sparse calls kernel by kernel
+#   bash benchmarks/gpu.sh s17-profile   (carry .whl)          no fa4: GPU tests ($TESTS), the sparse calls kernel by kernel
+#   bash benchmarks/gpu.sh s17-final     (carry .whl)          after prep and join: the sparse stage at LTX (SHAPE=wan: Wan-14B)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -147,7 +151,7 @@ PY
 sparse_ltx() {  # the sparse stage at LTX, selected and window, the 192-row consumers and the FP8 forms; the last $1 lines
     timeout 240 python3 benchmarks/sparse_attention.py --out "$OUT" --models ltx-2b-1216x704x257 \
         --patterns selected window --skip-attach --consumers ditgate_fp8_hopper_192 fp8_sparse_form fp8_sparse_pooled \
-        ditgate_plain_hopper_192 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+        ditgate_plain_hopper_192 block_sparse_form 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
         | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -"$1"
 }
 ncu_runs() {  # Nsight Compute on ncu_target.py's FP8 launch at shape $2 for each run of $1 ("name options;...")
@@ -234,7 +238,8 @@ s15-wan)  # carry .whl, after prep and join: the sparse stage at Wan-14B with fa
     [ -f "$SITE/.with-cu13" ] || install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 420 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f --patterns selected window \
-        --skip-attach --consumers ditgate_fp8_hopper fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper 2>&1 \
+        --skip-attach --consumers ditgate_fp8_hopper fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper \
+        block_sparse_form 2>&1 \
         | tee "$OUT/sparse-attention.log" | grep -v "^{" | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -30
     ;;
 s15-profile)  # carry .whl (no fa4): where the FP8 sparse form's whole call spends the GPU's time, two ways of pooling
@@ -302,6 +307,43 @@ s16-ahead)  # carry .whl (no fa4): four list indices in flight in the load parti
     timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan --kernel-only \
         --variants default ahead=1 --kernel-rounds 3 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" \
         | grep "median\|fit\|over dense\|same" | tail -40
+    ;;
+s17-plain)  # carry .whl (no fa4): plain mode at LTX: GPU tests of the lazy rescale and the gathered output stores, the
+    # kernel alone over lists (27 / 65 / 108 blocks) and dense per variant, then the bf16 and FP8 sparse calls kernel by kernel
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 200 python3 -m pytest -q tests/test_hopper_kernel.py -k "(lazy and plain) or gathered" --tb=short 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -15 | tee "$OUT/pytest.txt"
+    timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --mode plain --shapes ltx --kernel-only \
+        --blocks 27 65 108 --kernel-rounds 3 --variants ${VARIANTS:-default gather_out=1 lazy=1 gather_out=1,lazy=1} 2>&1 \
+        | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -40
+    timeout 90 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ltx 2>&1 \
+        | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -40
+    ;;
+s17-profile)  # carry .whl (no fa4): the plain kernel's GPU tests with the gathered stores and the lazy rescale on by
+    # default; the sparse calls kernel by kernel, with one call's timeline
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 360 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_gpu.py -k "${TESTS:-(plain and (three_warpgroups \
+        or lists_equal or lazy or lists_of_one)) or gathered or sparse_forms_equal or cuda_forms}" --tb=short 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -15 | tee "$OUT/pytest.txt"
+    timeout 200 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ${SHAPES:-ltx wan} 2>&1 \
+        | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -90
+    ;;
+s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
+    # (SHAPE=wan: at Wan-14B instead, as s15-wan)
+    [ -f "$SITE/.with-cu13" ] || install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 100 python3 -m pytest -q tests/test_gpu.py -k "selectors_kernel" --tb=short 2>&1 | tail -2 \
+        | tee "$OUT/pytest.txt"
+    if [ "${SHAPE:-ltx}" = wan ]; then
+        timeout 420 python3 benchmarks/sparse_attention.py --out "$OUT" --models wan-14b-480p-81f --patterns selected \
+            window --skip-attach --consumers ditgate_fp8_hopper fp8_sparse_form fp8_sparse_pooled ditgate_plain_hopper \
+            block_sparse_form 2>&1 | tee "$OUT/sparse-attention.log" | grep -v "^{" \
+            | grep -v "aux_data\|exe_args\|float32\|Warn" | tail -30
+    else
+        sparse_ltx 30
+    fi
     ;;
 s16-beside)  # carry .whl (no fa4): K and V quantized on a second stream beside the selection (kv_beside_selection):
     # GPU tests (the same bits), then the FP8 sparse form's whole call at budget 0.3 three ways, interleaved rounds

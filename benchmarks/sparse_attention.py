@@ -15,7 +15,8 @@ bf16; the attach path captures the self-attention inputs of the last block throu
   form's time, and the cosine to the exact dense output (float32 reference) on the captured call;
 - for the selected pattern, the FP8 sparse form as a plan runs it, selection and kernel timed as one call:
   "fp8_sparse_form" with the selector pooling Q and K itself, "fp8_sparse_pooled" with the form's
-  quantization pass summing them for it (``Form.pool_for_selection``; the same lists and output bits);
+  quantization pass summing them for it (``Form.pool_for_selection``; the same lists and output bits); and the
+  bf16 sparse form ("block_sparse_form": the selector pools, the kernel with the form's own launch options);
   these rows and the exact dense forms are also timed back to back (``ms_back_to_back``, ``pipelined``);
 - the whole path: ``attach(sparse=..., forms=["block_sparse"], measure=False)`` on the same model, the
   forward time against the host and the output cosine.
@@ -208,9 +209,11 @@ def main() -> None:
         tall = hopper.list_rows(D) if hopper is not None and hopper.list_rows(D) != BLOCK else None
         flex = forms["flex"]
         fp8_form = create_forms(["fp8_sparse"])["fp8_sparse"]
+        bf16_form = create_forms(["block_sparse"])["block_sparse"]
         call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability()
                              if DEVICE.type == "cuda" else None)
         form_rows = fp8_form.selection_rows(call, BLOCK) or BLOCK
+        bf16_rows = bf16_form.selection_rows(call, BLOCK) or BLOCK
         for pattern in args.patterns:
             for budget in BUDGETS:
                 selections = {}  # query rows per tile -> (lists, selection ms)
@@ -268,6 +271,12 @@ def main() -> None:
                         return fp8_form.run(AttentionInputs(q, k, v, attn_mask=sel, scale=scale, prepared=made[0]))
                     whole = {"fp8_sparse_form": own_pooling, "fp8_sparse_pooled": form_pooling}
                     consumers.update({n: (form_rows, fn) for n, fn in whole.items()})
+                if pattern == "selected" and bf16_form.availability().available:
+                    def bf16_call(budget=budget):  # the selector pools Q and K; the kernel reads the host's tensors
+                        sel = selector.select(q, k, layout, budget, bf16_rows)
+                        return bf16_form.run(AttentionInputs(q, k, v, attn_mask=sel, scale=scale))
+                    whole["block_sparse_form"] = bf16_call
+                    consumers["block_sparse_form"] = (bf16_rows, bf16_call)
                 if args.consumers:
                     consumers = {n: c for n, c in consumers.items() if n in args.consumers}
                 for cname, (q_rows, fn) in consumers.items():

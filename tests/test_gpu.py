@@ -137,3 +137,41 @@ def test_the_quantized_sparse_forms_pool_and_quantize_on_two_streams_with_the_bi
                 lists = selector.select(q, k, layout, 0.3, rows, lambda: (tiles.query, tiles.key))
                 outs.append(form.run(AttentionInputs(q, k, v, attn_mask=lists, prepared=tiles.prepared)))
             assert torch.equal(*outs) and outs[0].isfinite().all()
+
+
+@pytest.mark.parametrize("rows, heads", [(128, (8, 8)), (192, (8, 2))], ids=["square", "tall-gqa"])
+def test_the_selectors_kernel_keeps_each_rows_best_tiles_at_a_long_shape(rows, heads):
+    """The selector's Triton path (pooling, the scores' product, ``tile_select.choose_and_list``) at a long video
+    sequence with text after it: every video row keeps exactly its budget, its diagonal and the text tiles, and its
+    chosen video tiles are the best by float64 scores of the same tile means wherever the kept and the first
+    left-out score differ by more than rounding (near ties may fall either way)."""
+    from ditgate.kernels.tile_select import pool_tiles
+    from ditgate.sparse.layout import TokenLayout
+    from ditgate.sparse.selector import TileSelector
+
+    H, HK = heads
+    layout = TokenLayout.video_then(20000, (("text", 512),))
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(1, layout.length, H, 64, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+    k = torch.randn(1, layout.length, HK, 64, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+    selector = TileSelector(128, kernels=True)
+    lists = selector.select(q, k, layout, 0.3, rows)
+    geo, keep = selector.geometry(layout, q.device, rows), selector.keep_count(layout, 0.3, rows)
+    scores = torch.einsum("bhmd,bhnd->bhmn", pool_tiles(q, rows).double(),
+                          pool_tiles(k, 128).double().repeat_interleave(H // HK, 1))
+    scores = torch.where(geo.fixed, geo.fixed_score.double(), scores)
+    n = scores.shape[-1]
+    used = torch.arange(lists.kv_index.shape[-1], device="cuda") < lists.kv_count[..., None]
+    kept = torch.zeros(*scores.shape[:-1], n + 1, dtype=torch.bool, device="cuda")  # unused slots land past the end
+    kept = kept.scatter_(-1, torch.where(used, lists.kv_index, n).long(), True)[..., :n]
+    video = geo.sparse[None, None, :].expand_as(lists.kv_count)
+    competing = ~geo.fixed[None, None]
+    diagonal = (geo.fixed_score > 0).sum(-1)  # the video key tiles each query tile overlaps, kept within its budget
+    assert ((kept & competing).sum(-1) == keep - diagonal)[video].all()
+    assert (kept | ~geo.always[None, None]).all() and (kept | ~(geo.fixed_score > 0)[None, None]).all()
+    lowest_kept = torch.where(kept & competing, scores, float("inf")).amin(-1)
+    highest_left = torch.where(~kept & competing, scores, float("-inf")).amax(-1)
+    scale = torch.where(competing, scores.abs(), 0.0).amax(-1).clamp_min(1e-6)  # the fixed scores are infinite
+    clear = (lowest_kept - highest_left).abs() > 1e-5 * scale
+    assert (lowest_kept >= highest_left)[video & clear].all()
+    assert clear[video].float().mean() > 0.9  # the check above covered most rows

@@ -1,5 +1,5 @@
 """Where a quantized block-sparse call's time goes besides its key blocks, on the GPU, at the Wan-14B and LTX
-long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage, FP8):
+long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage; FP8, or ``--mode`` for the kernel alone):
 
 - ``quantize_for_schedule`` alone, without and with the selector's sums (``sums=True``);
 - the selection alone: the selector pooling Q and K itself, and from tile means given (what is left of it
@@ -12,7 +12,7 @@ long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage, FP8):
 
     python benchmarks/experiments/fixed_costs.py --out DIR [--shapes ltx wan] [--schedules 0 3]
         [--kernel-rounds 3] [--whole-rounds 3 [--whole-only]] [--kernel-only] [--blocks 0 1 2 27]
-        [--variants default lazy=0]
+        [--variants default lazy=0] [--mode plain]
 
 ``--variants`` (``plan_launch`` keywords) are timed in the same rounds, and their outputs compared bit for bit with
 the first variant's.
@@ -73,7 +73,10 @@ def same_bits(launches: dict, out: torch.Tensor, record) -> None:
         launch.run()
         what = (part.split(": ", 1)[1], blocks)
         if what in first:
-            record(part=part, blocks=blocks, same_bits_as_first=torch.equal(out, first[what]))
+            same = torch.equal(out, first[what])
+            extra = {} if same else {"cosine_to_first": torch.nn.functional.cosine_similarity(
+                out.flatten().double(), first[what].flatten().double(), dim=0).item()}
+            record(part=part, blocks=blocks, same_bits_as_first=same, **extra)
         else:
             first[what] = out.clone()
 
@@ -113,6 +116,21 @@ def whole_call_variants(q, k, v, scale, rows_q) -> dict:
             "whole call, quantization pools, KV beside": lambda: pooled(beside)}
 
 
+def plain_whole_call(q, k, v, scale, rows_q):
+    """The bf16 sparse form's (``block_sparse``) whole call at budget 0.3 over a video layout, as a plan runs it: the
+    selector pools Q and K (nothing quantizes them), then the kernel reads the host's tensors over its lists."""
+    from ditgate.forms import AttentionInputs, create_forms
+
+    form = create_forms(["block_sparse"])["block_sparse"]
+    if not form.availability().available:
+        raise SystemExit(form.availability().reason)
+    layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
+
+    def call():
+        return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
+    return call
+
+
 def whole_calls(q, k, v, scale, rows_q, rounds, record):
     """``whole_call_variants`` back to back, alternating, ``rounds`` times each."""
     variants = whole_call_variants(q, k, v, scale, rows_q)
@@ -134,6 +152,8 @@ def main() -> None:
                     "orders (medians fitted)")
     ap.add_argument("--kernel-only", action="store_true", help="no quantization or selection timed apart")
     ap.add_argument("--blocks", nargs="+", type=int, help="list lengths (default: the issue's densities, 0.3 and 1)")
+    ap.add_argument("--mode", default="fp8", choices=["fp8", "int8", "plain"], help="the kernel's mode (the "
+                    "kernel-alone launches)")
     ap.add_argument("--variants", nargs="+", default=["default"], help="plan_launch keywords per variant, "
                     "name=integer[,name=integer] (booleans as 0 and 1), or default")
     args = ap.parse_args()
@@ -152,7 +172,8 @@ def main() -> None:
             continue
         if not args.kernel_only:
             aux_parts(q, k, v, scale, rows_q, s, lambda **row: record(shape=shape, **row))
-        qz = ha.quantize_for_schedule(q, k, v, "fp8", scale, sums=True)
+        mode = args.mode
+        qz = None if mode == "plain" else ha.quantize_for_schedule(q, k, v, mode, scale, sums=True)
         n_m, n = -(-s // rows_q), -(-s // ha.ROWS_K)
         o = torch.empty_like(q)
         lists = {}
@@ -165,13 +186,13 @@ def main() -> None:
         for schedule in args.schedules:
             launches = {}
             for spec, flags in variants.items():
-                dense = ha.plan_launch(q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule, **flags)
+                dense = ha.plan_launch(q, k, v, mode, scale, o, qz, groups=groups, schedule=schedule, **flags)
                 launches[(f"{spec}: dense", n)] = dense
                 if dense.flags["LAZY"]:  # the lists rescale every block (``LAZY_RESCALED``): dense doing the same too
                     launches[(f"{spec}: dense, lazy off", n)] = ha.plan_launch(
-                        q, k, v, "fp8", scale, o, qz, groups=groups, schedule=schedule, **{**flags, "lazy": False})
+                        q, k, v, mode, scale, o, qz, groups=groups, schedule=schedule, **{**flags, "lazy": False})
                 for keep, (index, count) in lists.items():
-                    launches[(f"{spec}: lists", keep)] = ha.plan_launch(q, k, v, "fp8", scale, o, qz, index, count,
+                    launches[(f"{spec}: lists", keep)] = ha.plan_launch(q, k, v, mode, scale, o, qz, index, count,
                                                                        groups=groups, schedule=schedule, **flags)
             if len(variants) > 1:
                 same_bits(launches, o, lambda **row: record(shape=shape, schedule=schedule, **row))
@@ -194,7 +215,8 @@ def main() -> None:
         elif "median_ms" in r:
             print(f"{head}{r['blocks']:>7}{'median':>6}{r['median_ms']:>9.3f}")
         elif "same_bits_as_first" in r:
-            print(f"{head}{r['blocks']:>7}{'':>6} same bits as the first variant: {r['same_bits_as_first']}")
+            cosine = f" (cosine {r['cosine_to_first']:.7f})" if "cosine_to_first" in r else ""
+            print(f"{head}{r['blocks']:>7}{'':>6} same bits as the first variant: {r['same_bits_as_first']}{cosine}")
         elif "ms" in r:
             print(f"{head}{r.get('blocks', ''):>7}{r.get('round', ''):>6}{r['ms']:>9.3f}")
         else:

@@ -124,7 +124,12 @@ BYTE_PS = frozenset({("fp8", 64, None), ("fp8", 128, None), ("int8", 64, None), 
 # INT8 24.63-25.65 against 23.76-23.95. The vote, the branch and each row's compare and select cost more than
 # the 32 (64) multiplies they skip wherever the rows' maxima still move often (short lists) or the step is
 # longer (INT8's integer adds, head dim 128's two votes)
-LAZY_RESCALED = frozenset({("fp8", 64, None)})
+# In plain mode (P in bf16, 8 octaves of headroom: ``LAZY_TAU_PLAIN``), with the output gathered (``GATHERED``), in
+# the same kind of run (s17, call a): LTX lists of 27 / 65 / 108 blocks 1.624 / 3.696 / 6.081 -> 1.600 / 3.671 / 5.948
+# ms, dense 11.876 -> 11.757; the outputs' cosine to the eager rescale's 0.999995. Not its bits: where a row's P is
+# taken from an older max, its largest value is rounded to bf16 too (under the eager rescale it is exactly 1); on keys
+# grown six-fold, a softmax that sharp, that took the error to exact attention from 0.0017 to 0.0020 (GPU test)
+LAZY_RESCALED = frozenset({("fp8", 64, None), ("plain", 64, 192)})
 # (mode, head dim, list rows or None) where INT8's row max is taken over the integer products (``_softmax_step``'s
 # INT_MAX) rather than over their floats, the same bits: ptxas makes it three-input integer maxima (VIMNMX3), about
 # half the instructions of the float chain, and the step's SASS shrinks from 428 to 400 instructions at head dim 64
@@ -133,6 +138,13 @@ LAZY_RESCALED = frozenset({("fp8", 64, None)})
 # INT8 at LTX 9.02-9.24 -> 8.47-8.64, at Wan-14B 24.08-24.38 -> 23.17-24.30, the same bits. Dense only: INT8 lists
 # stay on Triton (``FASTER_THAN_TRITON``), where the option was not timed
 INT_MAXED = frozenset({("int8", 64, None), ("int8", 128, None)})
+# (mode, head dim, list rows or None) where plain mode's output channels are gathered per thread for 16-byte stores
+# (``plan_launch``'s gather_out: a layout conversion through shared memory in the epilogue, 6 KB more of it at head dim
+# 64; at 128 it does not fit beside three stages), against the accumulator's four-byte stores, both from the same
+# kernel in one run (benchmarks/results/2026-12-04-h200-s17, call a, fixed_costs.py --mode plain, three turned rounds,
+# medians, the same bits): LTX lists of 27 / 65 / 108 key blocks (192 rows) 1.682 / 3.780 / 6.243 -> 1.624 / 3.696 /
+# 6.081 ms, the fixed cost per program 4.19 -> 3.75 us per SM; dense 11.913 -> 11.876
+GATHERED = frozenset({("plain", 64, None), ("plain", 64, 192)})
 FASTER_THAN_TRITON = frozenset({("plain", 64, None), ("plain", 128, None), ("plain", 64, 128), ("plain", 128, 128),
                                 ("plain", 64, 192), ("fp8", 64, None), ("fp8", 128, None), ("fp8", 64, 192),
                                 ("fp8", 128, 128), ("int8", 64, None), ("int8", 128, None)})
@@ -200,7 +212,7 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     loop body stays free of the mask (ptxas turns the branch into selects on every element). ``TREE_MAX``: the
     row max as a tree (``_row_max``). ``BYTE_P``: P comes back as floats whose lowest byte is P's FP8 byte
     (``_byte_p``), with no exp2 but alpha's. ``LAZY`` (with ``BYTE_P``): a row keeps its reference max until the
-    block's max passes it by ``LAZY_TAU``, so alpha is exactly 1 on most rows and most blocks (``_rows_rescaled``
+    block's max passes it by ``LAZY_TAU`` (``LAZY_TAU_PLAIN`` unquantized), so alpha is exactly 1 on most rows and most blocks (``_rows_rescaled``
     then skips the output's rescale); exact in real arithmetic, as any reference is, since P and its row sums
     share it. ``INT_MAX`` (INT8): the row max over the integer products, three-input integer maxima where the
     floats take a chain of two-input ones (``INT_MAXED``); not in the block that may be masked, where holding the
@@ -210,8 +222,10 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     10.15-10.24 against 9.86-9.95, INT8 12.45-12.55 against 11.07-11.09)."""
     if QUANT:
         LOG2_P_SCALE: gl.constexpr = 8.807354922057604  # log2(448): P in [0, 448] for the FP8 cast
+        TAU: gl.constexpr = LAZY_TAU
     else:
         LOG2_P_SCALE: gl.constexpr = 0.0
+        TAU: gl.constexpr = LAZY_TAU_PLAIN
     if INT_QK:
         raw = (s + 0x4B400000).to(gl.float32, bitcast=True)  # 12582912 + product, exactly
         offset: gl.constexpr = 12582912.0
@@ -227,7 +241,7 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     else:
         m_new = gl.maximum(m_i, (_row_max(raw, TREE_MAX) - offset) * c)
     if LAZY:  # keep the row's reference unless its max rose past LAZY_TAU (``_rows_rescaled``)
-        moved = m_new > m_i + LAZY_TAU
+        moved = m_new > m_i + TAU
         alpha = gl.where(moved, gl.exp2(m_i - m_new), 1.0)
         m_new = gl.where(moved, m_new, m_i)
     else:
@@ -245,6 +259,9 @@ BYTE_TOP = gl.constexpr(120.0)  # P's FP8 byte at the row max (``_byte_p``): 0x7
 # how far (log2 units) a row's max may rise above the reference its P is taken from before the output is
 # rescaled (``LAZY``): P's byte then reaches at most 120 + 8 · 0.75 = 126, e4m3's largest finite (448)
 LAZY_TAU = gl.constexpr(0.75)
+# the same in plain mode, where P is bf16 or fp16 and its row sums fp32: P reaches at most 2^8, as in
+# FlashAttention-4's rescaling threshold, far inside either type's range
+LAZY_TAU_PLAIN = gl.constexpr(8.0)
 
 
 @gluon.jit
@@ -594,7 +611,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
              NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
-             INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr):
+             INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr,
+             GATHER_O: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -690,6 +708,8 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
     out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
     if V_T:  # our copy of V, its channels in the order the accumulator stores them in
         out = _ordered_output(out)
+    elif GATHER_O:  # the host's V: each thread's eight neighbouring channels gathered from its quad, in O's dtype
+        out = gl.convert_layout(out.to(O.dtype.element_ty), _stored_layout(HALF, D))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, out.type.layout))
     if QUANT:
         out = out * gl.load(VS + vs_base + offs_d)[None, :]  # acc and l_i both carry P's scale
@@ -738,7 +758,8 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
                         NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
-                        INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr):
+                        INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr,
+                        GATHER_O: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -789,19 +810,19 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED, GATHER_O)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED, GATHER_O)),
             (_consume, (shared, 2, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED, GATHER_O)),
         ], [4, 4, 4], [160, 160, 160])
     else:
         gl.warp_specialize([
             (_produce, (produce, STAGES, SPARSE, V_T, GROUPS, TC_SUM)),
             (_consume, (shared, 0, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED, GATHER_O)),
             (_consume, (shared, 1, D, STAGES, SPARSE, EVEN_K, QUANT, INT_QK, V_T, SCHEDULE, GROUPS, PIN, TC_SUM, NARROW,
-                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED)),
+                        TREE_MAX, BYTE_P, LAZY, INT_MAX, O_ALIGNED, GATHER_O)),
         ], [4, 4], [240, 240])
 
 
@@ -923,16 +944,20 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
                 stages: int | None = None, schedule: int | None = None, groups: int = 2,
                 pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
                 tree_max: bool | None = None, byte_p: bool | None = None, memo: Memo | None = None,
-                lazy: bool | None = None, int_max: bool | None = None) -> Launch:
+                lazy: bool | None = None, int_max: bool | None = None, gather_out: bool | None = None) -> Launch:
     """The kernel's arguments for validated inputs; ``qz`` the quantized copies (``quantize``, Q scales per
     64 rows) unless plain; ``groups`` consumer warpgroups of 64 query rows per program; ``pin``: keep the
     exp2s above the P·V wait (``_overlapped_step``), by default where that measured faster (``PINNED``);
     ``tc_sum``: P's row sums from the tensor cores (``TC_SUMMED``); ``narrow``: how an 8-bit P crosses the
     loop (``default_narrowing``; 1 rounds P twice, through float16); ``tree_max``: each row's max as a tree
     (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from two FMAs instead of an exp2
-    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores; ``lazy``: with P's bytes, the output
-    rescaled only where a row's max rose past ``LAZY_TAU`` (``_rows_rescaled``; ``LAZY_RESCALED``); ``int_max``: INT8's
-    row max over the integer products (``INT_MAXED``), the same bits. ``memo``: where the descriptors of
+    (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores; ``lazy``: with P's bytes or in plain mode, the
+    output rescaled only where a row's max rose past ``LAZY_TAU`` (``LAZY_TAU_PLAIN`` in plain mode;
+    ``_rows_rescaled``; ``LAZY_RESCALED``); ``int_max``: INT8's
+    row max over the integer products (``INT_MAXED``), the same bits; ``gather_out``: in plain mode, each thread's
+    eight neighbouring output channels gathered from the other threads of its row before the store, so that they
+    leave in one 16-byte store (``GATHERED``), the same bits; the quantized modes order V's channels for that
+    instead (``_ordered_output``). ``memo``: where the descriptors of
     ``qz``'s copies and the tile of ones are kept between calls (the workspace that ``qz``'s buffers came from;
     the host's own tensors, read in plain mode, are never kept)."""
     B, H, SQ, D = q.shape
@@ -971,13 +996,19 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     if tree_max is None:
         tree_max = where in TREE_MAXED
     if lazy is None:
-        lazy = where in LAZY_RESCALED and bool(byte_p)
-    if lazy and not byte_p:
+        lazy = where in LAZY_RESCALED and (bool(byte_p) or qk == "plain")
+    if lazy and not byte_p and qk != "plain":
         raise ValueError("lazy keeps a row's reference max within P's bytes' headroom: it needs byte_p")
     if int_max is None:
         int_max = where in INT_MAXED
     if int_max and qk != "int8":
         raise ValueError("int_max takes each row's max over INT8's integer products: INT8 mode only")
+    aligned = rows_aligned(out)
+    if gather_out is None:
+        gather_out = where in GATHERED
+    if gather_out and (qz is not None or not aligned or D != 64):
+        raise ValueError("gather_out is for plain mode's output at head dim 64 (at 128 its shared memory does not fit "
+                         "beside three stages), with every row on 16 bytes")
     if narrow is None:
         narrow = default_narrowing(groups, qk, bool(byte_p))
     if narrow not in (0, 1, 2) or (byte_p and narrow == 1):
@@ -996,7 +1027,7 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
                  QUANT=qz is not None, INT_QK=qk == "int8", V_T=qz is not None,
                  SCHEDULE=DEFAULT_SCHEDULE[qk] if schedule is None else schedule, GROUPS=groups, PIN=pin,
                  TC_SUM=tc_sum, NARROW=narrow, TREE_MAX=bool(tree_max), BYTE_P=bool(byte_p),
-                 LAZY=bool(lazy), INT_MAX=bool(int_max), O_ALIGNED=rows_aligned(out))
+                 LAZY=bool(lazy), INT_MAX=bool(int_max), O_ALIGNED=aligned, GATHER_O=bool(gather_out))
     return Launch((n_m, B * H), args, flags)
 
 
@@ -1017,7 +1048,8 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      tc_sum: bool | None = None, narrow: int | None = None,
                      tree_max: bool | None = None, byte_p: bool | None = None,
                      prepared: Quantized | None = None, memo: Memo | None = None,
-                     lazy: bool | None = None, int_max: bool | None = None) -> torch.Tensor:
+                     lazy: bool | None = None, int_max: bool | None = None,
+                     gather_out: bool | None = None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
     ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade.
     ``memo``: keeps host-side launch objects between calls (``plan_launch``); give it only with ``buffers`` of
@@ -1060,6 +1092,6 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages, schedule, groups, pin, tc_sum,
-                         narrow, tree_max, byte_p, memo, lazy, int_max)
+                         narrow, tree_max, byte_p, memo, lazy, int_max, gather_out)
     launch.run()
     return out

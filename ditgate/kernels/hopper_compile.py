@@ -55,7 +55,7 @@ class CompileReport:
 def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
                 tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
                 byte_p: bool | None = None, lazy: bool | None = None, aligned_out: bool = True,
-                int_max: bool | None = None) -> ha.Launch:
+                int_max: bool | None = None, gather_out: bool | None = None) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter).
     ``aligned_out`` False: an output whose rows start 8 bytes into 16 (``hopper_attention.rows_aligned``)."""
     S, H, D = 1000, 2, head_dim
@@ -73,17 +73,18 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        permuted_v=True)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
     return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
-                          narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy, int_max=int_max)
+                          narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy, int_max=int_max,
+                          gather_out=gather_out)
 
 
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
              tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
-             aligned_out: bool = True, int_max: bool | None = None):
+             aligned_out: bool = True, int_max: bool | None = None, gather_out: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     # the flags as plan_launch decides them
     launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy, aligned_out,
-                         int_max)
+                         int_max, gather_out)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -134,8 +135,9 @@ def _spills(info: str) -> int:
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True) -> CompileReport:
-    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, aligned_out=aligned_out)
+def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True,
+                   gather_out: bool | None = None) -> CompileReport:
+    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, aligned_out=aligned_out, gather_out=gather_out)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)
@@ -261,10 +263,12 @@ LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an o
     # INT8's row max over the products' floats or over the integers, dense at both head dims' warpgroups
     "--int-max": lambda: [loop_shape("int8", d, 3, groups, int_max=int_max)
                           for d, groups in ((64, 3), (128, 2)) for int_max in (False, True)],
-    # the output rescaled every block or only where a row's max moved, in the 8-bit modes with P's bytes
+    # the output rescaled every block or only where a row's max moved, in the 8-bit modes with P's bytes and in plain
+    # mode over 192-row lists
     "--lazy": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, lazy=lazy)
                        for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 64, 3, False),
-                                                     ("fp8", 128, 2, False), ("fp8", 64, 3, True))
+                                                     ("fp8", 128, 2, False), ("fp8", 64, 3, True),
+                                                     ("plain", 64, 3, True))
                        for lazy in (False, True)],
 }
 
