@@ -330,6 +330,16 @@ s17-profile)  # carry .whl (no fa4): the plain kernel's GPU tests with the gathe
     timeout 200 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ${SHAPES:-ltx wan} 2>&1 \
         | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -90
     ;;
+s17-urgent)  # carry .whl (no fa4): the FP8 sparse call with its first pass and selection on a high-priority stream
+    # (fixed_costs.whole_call_variants), kernel by kernel with one call's timeline, then do_bench A/B rounds. Call f of
+    # results 2026-12-04-h200-s17 ran it; that way was removed after it (no gain)
+    install_small
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    timeout 150 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ltx 2>&1 \
+        | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | grep "beside\|first start" | tail -40
+    timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan --whole-only \
+        --whole-rounds ${ROUNDS:-4} 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -34
+    ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)
     [ -f "$SITE/.with-cu13" ] || install

@@ -108,7 +108,7 @@ def test_sparse_forms_ask_for_the_query_tiles_their_schedule_takes():
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_the_quantized_sparse_forms_pool_and_quantize_on_two_streams_with_the_bits_of_one(head_dim):
     """``pool_for_selection`` with K and V quantized on a second stream beside the selection
-    (``kv_beside_selection``, the default on Hopper) against one stream: the same lists and outputs, call after
+    (``kv_beside_selection``, an option on Hopper) against one stream: the same lists and outputs, call after
     call (each call's copies overwrite the last one's workspace)."""
     from ditgate.sparse.layout import TokenLayout
     from ditgate.sparse.selector import TileSelector

@@ -99,7 +99,7 @@ def whole_call_variants(q, k, v, scale, rows_q) -> dict:
     def own():
         return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
 
-    form.kv_beside_selection = False  # the one-stream path (the form's default is two since results s16, call g)
+    form.kv_beside_selection = False  # the one-stream path (the form's default again since results s17, call f)
     beside = create_forms(["fp8_sparse"])["fp8_sparse"]  # K and V quantized on a second stream, beside the selection
     beside.availability()
     beside.kv_beside_selection = True
