@@ -113,6 +113,8 @@
 #   bash benchmarks/gpu.sh s17-plain     (carry .whl)          no fa4: plain mode's lazy rescale and gathered output stores
 #                                        (tests, the kernel alone over lists at LTX), the sparse calls kernel by kernel
 #   bash benchmarks/gpu.sh s17-profile   (carry .whl)          no fa4: GPU tests ($TESTS), the sparse calls kernel by kernel
+#   bash benchmarks/gpu.sh s17-urgent    (carry .whl)          no fa4: the FP8 sparse call's selection at the highest priority
+#   bash benchmarks/gpu.sh s17-choose    (carry .whl)          no fa4: the selector's choosing kernel per warp count
 #   bash benchmarks/gpu.sh s17-final     (carry .whl)          after prep and join: the sparse stage at LTX (SHAPE=wan: Wan-14B)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
@@ -339,6 +341,10 @@ s17-urgent)  # carry .whl (no fa4): the FP8 sparse call with its first pass and 
         | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | grep "beside\|first start" | tail -40
     timeout 300 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan --whole-only \
         --whole-rounds ${ROUNDS:-4} 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -34
+    ;;
+s17-choose)  # carry .whl (no fa4): the selector's choosing kernel per warp count (choose_warps.py)
+    install_small
+    timeout 120 python3 benchmarks/experiments/choose_warps.py --out "$OUT" 2>&1 | tee "$OUT/choose-warps.log" | tail -40
     ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)

@@ -97,16 +97,18 @@ def _choose_kernel(SCORES, FIXED, FIXED_SCORE, ALWAYS, INDEX, n_m, n, width, kee
 
 
 def choose_and_list(scores: torch.Tensor, fixed: torch.Tensor, fixed_score: torch.Tensor, always: torch.Tensor,
-                    keep: int, width: int) -> torch.Tensor:
+                    keep: int, width: int, num_warps: int = 1) -> torch.Tensor:
     """Int32 [B, H, n_m, width] ascending key-tile lists from float32 [B, H, n_m, n] pooled scores (n_m
     query tiles, n key tiles).
 
     ``fixed`` / ``fixed_score`` / ``always`` are the layout's [n_m, n] geometry (see selector._Geometry;
     the two masks as int8, nonzero meaning set);
-    ``keep`` the tiles chosen per row by score, ``width`` the lists' length."""
+    ``keep`` the tiles chosen per row by score, ``width`` the lists' length. ``num_warps``: one warp per row was the fastest of
+    1, 2, 4 and 8 on the H200 (benchmarks/results/2026-12-04-h200-s17, call g, the same lists)
+    22.5 us against 26.7 with 4 warps at LTX's 144 x 216 tiles per head, 33.0 against 48.0 at Wan-14B's 256 x 256."""
     B, H, n_m, n = scores.shape
     scores = scores.contiguous()
     index = torch.empty(B, H, n_m, width, dtype=torch.int32, device=scores.device)
     _choose_kernel[(B * H * n_m,)](scores, fixed, fixed_score, always, index, n_m, n, width, keep,
-                                 N=triton.next_power_of_2(n), num_warps=4)
+                                 N=triton.next_power_of_2(n), num_warps=num_warps)
     return index
