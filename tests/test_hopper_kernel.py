@@ -199,10 +199,10 @@ def test_launch_options_default_per_mode_and_are_checked():
     assert not host_launch("int8", 64, True, 3).flags["INT_MAX"] and not fp8_64.flags["INT_MAX"]
     for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False), ("fp8", 64, 3, True),
                                   ("plain", 64, 3, True), ("plain", 128, 2, False)):
-        where = (qk, d, 64 * groups if sparse else None)
-        assert host_launch(qk, d, sparse, groups).flags["LAZY"] == (where in ha.LAZY_RESCALED)
+        where, flags = (qk, d, 64 * groups if sparse else None), host_launch(qk, d, sparse, groups).flags
+        assert flags["LAZY"] == (where in ha.LAZY_RESCALED)
         if qk == "plain" and d == 64:
-            assert host_launch(qk, d, sparse, groups).flags["GATHER_O"] == (where in ha.GATHERED)
+            assert flags["GATHER_O"] == (where in ha.GATHERED)
     assert host_launch("plain", 64, True, 3, lazy=True).flags["LAZY"]  # plain P has 8 octaves of headroom
     assert host_launch("plain", 64, False, 3, gather_out=True).flags["GATHER_O"]
     for qk, d in (("plain", 128), ("fp8", 64)):  # no room beside three stages; V's own order serves the 8-bit modes
@@ -312,7 +312,7 @@ def test_host_layouts():
 def test_rows_aligned_says_whether_16_byte_stores_may_write_the_output():
     """The forms' outputs ([B, S, H, D] storage, D innermost) may take 16 bytes at a time (``O_ALIGNED``); an output
     whose rows start 8 bytes into 16, or whose head dim is not innermost, may not (the compile report's unaligned
-    launch then stores one value at a time: ``test_the_quantized_modes_store_their_output_sixteen_bytes_at_a_time``)."""
+    launch then stores one value at a time: ``test_the_output_leaves_sixteen_bytes_at_a_time``)."""
     q = torch.empty(1, 300, 2, 64, dtype=torch.bfloat16).transpose(1, 2)
     assert ha.rows_aligned(q) and ha.rows_aligned(torch.empty(1, 2, 300, 64, dtype=torch.bfloat16))
     offset = torch.empty(1, 300, 2, 68, dtype=torch.bfloat16)[..., 4:].transpose(1, 2)  # rows 8 bytes into 16

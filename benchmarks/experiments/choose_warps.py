@@ -4,7 +4,7 @@ every warp count gives the lists of 4 warps.
 
     python benchmarks/experiments/choose_warps.py --out DIR [--warps 1 2 4 8] [--rounds 3]
 
-Prints a table last; writes choose-warps.json."""
+Prints every row; writes choose-warps.json."""
 
 from __future__ import annotations
 

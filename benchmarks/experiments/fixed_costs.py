@@ -81,28 +81,43 @@ def same_bits(launches: dict, out: torch.Tensor, record) -> None:
             first[what] = out.clone()
 
 
+def _probed(name: str):
+    """A fresh form of ``name``, its availability checked (the probe also loads the kernels the form runs)."""
+    from ditgate.forms import create_forms
+
+    form = create_forms([name])[name]
+    if not form.availability().available:
+        raise SystemExit(form.availability().reason)
+    return form
+
+
+def selecting_call(form, q, k, v, scale, rows_q):
+    """A sparse form's whole call at budget 0.3 over a video layout, as a plan runs it with the selector pooling Q and
+    K itself: the selection, then the form's kernel over its lists."""
+    from ditgate.forms import AttentionInputs
+
+    layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
+
+    def call():
+        return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
+    return call
+
+
 def whole_call_variants(q, k, v, scale, rows_q) -> dict:
     """The FP8 sparse form's whole call at budget 0.3 over a video layout, as a plan runs it, three ways: the selector
-    pooling Q and K itself, the form's quantization pooling for it (``Form.pool_for_selection``), and the same with
-    K and V quantized on a second stream beside the selection (``kv_beside_selection``). Checks that all give the
-    same bits."""
-    from ditgate.forms import AttentionInputs, create_forms
+    pooling Q and K itself (``selecting_call``), the form's quantization pooling for it (``Form.pool_for_selection``),
+    and the same with K and V quantized on a second stream beside the selection (``kv_beside_selection``). Checks
+    that all give the same bits."""
+    from ditgate.forms import AttentionInputs
     from ditgate.forms.base import describe_call
 
-    form = create_forms(["fp8_sparse"])["fp8_sparse"]
-    if not form.availability().available:  # the probe also loads the kernels the form runs
-        raise SystemExit(form.availability().reason)
+    form, beside = _probed("fp8_sparse"), _probed("fp8_sparse")
+    form.kv_beside_selection = False  # the one-stream path (the form's default again since results s17, call f)
+    beside.kv_beside_selection = True  # K and V quantized on a second stream, beside the selection
     layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
     call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
     x = AttentionInputs(q, k, v, scale=scale)
-
-    def own():
-        return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
-
-    form.kv_beside_selection = False  # the one-stream path (the form's default again since results s17, call f)
-    beside = create_forms(["fp8_sparse"])["fp8_sparse"]  # K and V quantized on a second stream, beside the selection
-    beside.availability()
-    beside.kv_beside_selection = True
+    own = selecting_call(form, q, k, v, scale, rows_q)
 
     def pooled(form=form):
         tiles = form.pool_for_selection(call, x, rows_q, ha.ROWS_K)
@@ -117,18 +132,9 @@ def whole_call_variants(q, k, v, scale, rows_q) -> dict:
 
 
 def plain_whole_call(q, k, v, scale, rows_q):
-    """The bf16 sparse form's (``block_sparse``) whole call at budget 0.3 over a video layout, as a plan runs it: the
-    selector pools Q and K (nothing quantizes them), then the kernel reads the host's tensors over its lists."""
-    from ditgate.forms import AttentionInputs, create_forms
-
-    form = create_forms(["block_sparse"])["block_sparse"]
-    if not form.availability().available:
-        raise SystemExit(form.availability().reason)
-    layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
-
-    def call():
-        return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=selector.select(q, k, layout, 0.3, rows_q)))
-    return call
+    """The bf16 sparse form's (``block_sparse``) whole call (``selecting_call``): nothing quantizes Q and K, so the
+    selector pools them, then the kernel reads the host's tensors over its lists."""
+    return selecting_call(_probed("block_sparse"), q, k, v, scale, rows_q)
 
 
 def whole_calls(q, k, v, scale, rows_q, rounds, record):

@@ -1,5 +1,5 @@
-"""Where the FP8 (and the bf16) sparse form's whole call spends the GPU's time, kernel by kernel (torch.profiler's CUDA times), at
-budget 0.3 over a video layout, the selector pooling Q and K itself or the quantization pooling for it
+"""Where the FP8 (and the bf16) sparse form's whole call spends the GPU's time, kernel by kernel (torch.profiler's
+CUDA times), at budget 0.3 over a video layout, the selector pooling Q and K itself or the quantization pooling for it
 (``fixed_costs.whole_call_variants``); random bf16 inputs at the LTX or Wan-14B long shape. do_bench medians of
 the two calls back to back say which is faster; this says which kernels make the difference.
 

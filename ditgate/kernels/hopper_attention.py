@@ -211,9 +211,9 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     S_K), masked where ``j`` is the last key block. Only ever the last visited block (the lists ascend), so the
     loop body stays free of the mask (ptxas turns the branch into selects on every element). ``TREE_MAX``: the
     row max as a tree (``_row_max``). ``BYTE_P``: P comes back as floats whose lowest byte is P's FP8 byte
-    (``_byte_p``), with no exp2 but alpha's. ``LAZY`` (with ``BYTE_P``): a row keeps its reference max until the
-    block's max passes it by ``LAZY_TAU`` (``LAZY_TAU_PLAIN`` unquantized), so alpha is exactly 1 on most rows and most blocks (``_rows_rescaled``
-    then skips the output's rescale); exact in real arithmetic, as any reference is, since P and its row sums
+    (``_byte_p``), with no exp2 but alpha's. ``LAZY`` (with ``BYTE_P``, or in plain mode): a row keeps its
+    reference max until the block's max passes it by ``LAZY_TAU`` (``LAZY_TAU_PLAIN`` unquantized), so alpha is
+    exactly 1 on most rows and most blocks (``_rows_rescaled`` then skips the output's rescale); exact in real arithmetic, as any reference is, since P and its row sums
     share it. ``INT_MAX`` (INT8): the row max over the integer products, three-input integer maxima where the
     floats take a chain of two-input ones (``INT_MAXED``); not in the block that may be masked, where holding the
     products and their floats at once spilled. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
@@ -611,8 +611,7 @@ def _consume(shared, PART: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, 
              EVEN_K: gl.constexpr, QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
              SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
              NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
-             INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr,
-             GATHER_O: gl.constexpr):
+             INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr, GATHER_O: gl.constexpr):
     """A math partition: 64 query rows against every listed key block, then the normalized store.
     ``shared``: what every math partition takes alike (see ``_hopper_attn_kernel``).
 
@@ -758,8 +757,7 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
                         QUANT: gl.constexpr, INT_QK: gl.constexpr, V_T: gl.constexpr,
                         SCHEDULE: gl.constexpr, GROUPS: gl.constexpr, PIN: gl.constexpr, TC_SUM: gl.constexpr,
                         NARROW: gl.constexpr, TREE_MAX: gl.constexpr, BYTE_P: gl.constexpr, LAZY: gl.constexpr,
-                        INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr,
-                        GATHER_O: gl.constexpr):
+                        INT_MAX: gl.constexpr, O_ALIGNED: gl.constexpr, GATHER_O: gl.constexpr):
     # One program per (64·GROUPS-row query block, batch · head). A descriptor row is b·rb + h·rh + s, its first
     # column h·ch: the caller picks rb, rh, ch for the storage (see hopper_attention).
     pid_m = gl.program_id(0)
@@ -953,11 +951,10 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
     (``TREE_MAXED``), the same bits as without; ``byte_p``: FP8 P's bytes from two FMAs instead of an exp2
     (``_byte_p``; ``BYTE_PS``), with the row sums from the tensor cores; ``lazy``: with P's bytes or in plain mode, the
     output rescaled only where a row's max rose past ``LAZY_TAU`` (``LAZY_TAU_PLAIN`` in plain mode;
-    ``_rows_rescaled``; ``LAZY_RESCALED``); ``int_max``: INT8's
-    row max over the integer products (``INT_MAXED``), the same bits; ``gather_out``: in plain mode, each thread's
-    eight neighbouring output channels gathered from the other threads of its row before the store, so that they
-    leave in one 16-byte store (``GATHERED``), the same bits; the quantized modes order V's channels for that
-    instead (``_ordered_output``). ``memo``: where the descriptors of
+    ``_rows_rescaled``; ``LAZY_RESCALED``); ``int_max``: INT8's row max over the integer products (``INT_MAXED``),
+    the same bits; ``gather_out``: in plain mode, each thread's eight neighbouring output channels gathered from the
+    other threads of its row before the store, so that they leave in one 16-byte store (``GATHERED``), the same bits;
+    the quantized modes order V's channels for that instead (``_ordered_output``). ``memo``: where the descriptors of
     ``qz``'s copies and the tile of ones are kept between calls (the workspace that ``qz``'s buffers came from;
     the host's own tensors, read in plain mode, are never kept)."""
     B, H, SQ, D = q.shape

@@ -80,11 +80,11 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
 def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
              pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
              tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
-             aligned_out: bool = True, int_max: bool | None = None, gather_out: bool | None = None):
+             aligned_out: bool = True, int_max: bool | None = None):
     """The compiled kernel and the compile-time flags it was compiled with."""
     # the flags as plan_launch decides them
     launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy, aligned_out,
-                         int_max, gather_out)
+                         int_max)
     flags = dict(launch.flags)
     if schedule is not None:
         flags["SCHEDULE"] = schedule
@@ -135,9 +135,8 @@ def _spills(info: str) -> int:
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info))
 
 
-def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True,
-                   gather_out: bool | None = None) -> CompileReport:
-    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, aligned_out=aligned_out, gather_out=gather_out)
+def compile_report(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True) -> CompileReport:
+    compiled, _ = _compile(qk, head_dim, sparse, groups=groups, aligned_out=aligned_out)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         info, _ = _assemble(ptx, tmp)

@@ -103,8 +103,8 @@ def choose_and_list(scores: torch.Tensor, fixed: torch.Tensor, fixed_score: torc
 
     ``fixed`` / ``fixed_score`` / ``always`` are the layout's [n_m, n] geometry (see selector._Geometry;
     the two masks as int8, nonzero meaning set);
-    ``keep`` the tiles chosen per row by score, ``width`` the lists' length. ``num_warps``: one warp per row was the fastest of
-    1, 2, 4 and 8 on the H200 (benchmarks/results/2026-12-04-h200-s17, call g, the same lists)
+    ``keep`` the tiles chosen per row by score, ``width`` the lists' length. ``num_warps``: one warp per row was
+    the fastest of 1, 2, 4 and 8 on the H200 (benchmarks/results/2026-12-04-h200-s17, call g, the same lists):
     22.5 us against 26.7 with 4 warps at LTX's 144 x 216 tiles per head, 33.0 against 48.0 at Wan-14B's 256 x 256."""
     B, H, n_m, n = scores.shape
     scores = scores.contiguous()
