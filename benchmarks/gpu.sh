@@ -116,7 +116,7 @@
 #   bash benchmarks/gpu.sh s17-urgent    (carry .whl)          no fa4: the FP8 sparse call's selection at the highest priority
 #   bash benchmarks/gpu.sh s17-choose    (carry .whl)          no fa4: the selector's choosing kernel per warp count
 #   bash benchmarks/gpu.sh s17-final     (carry .whl)          after prep and join: the sparse stage at LTX (SHAPE=wan: Wan-14B)
-#   bash benchmarks/gpu.sh s18-prepare   (carry .whl)          no fa4: the quantization in one launch against three
+#   bash benchmarks/gpu.sh s18-order     (carry .whl)          no fa4: the passes' programs heads inner against heads outer
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -347,18 +347,15 @@ s17-choose)  # carry .whl (no fa4): the selector's choosing kernel per warp coun
     install_small
     timeout 120 python3 benchmarks/experiments/choose_warps.py --out "$OUT" 2>&1 | tee "$OUT/choose-warps.log" | tail -40
     ;;
-s18-prepare)  # carry .whl (no fa4): the quantization in one launch (quantize(one_launch=True)): GPU tests, its copies
-    # and times against three launches per warps and lag (prepare_one_launch.py), then the FP8 sparse form's whole
-    # call, one launch against three, in interleaved rounds (fixed_costs.py --whole-only)
+s18-order)  # carry .whl (no fa4): the passes over the host's Q, K, V with their programs heads inner against heads outer
+    # (program_order.py), after the GPU tests that run them
     install_small
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout 150 python3 -m pytest -q tests/test_hopper_kernel.py tests/test_gpu.py -k "${TESTS:-second_stream or \
-        two_streams or one_launch or copies_made_with or cuda_forms}" --tb=short 2>&1 | grep -v "aux_data\|exe_args" \
-        | tail -15 | tee "$OUT/pytest.txt"
-    timeout 200 python3 benchmarks/experiments/prepare_one_launch.py --out "$OUT" ${PREPARE_ARGS:-} 2>&1 \
-        | tee "$OUT/prepare-one-launch.log" | grep -v "^{" | tail -40
-    [ "${ROUNDS:-3}" = 0 ] || timeout 200 python3 benchmarks/experiments/fixed_costs.py --out "$OUT" --shapes ltx wan \
-        --whole-only --whole-rounds ${ROUNDS:-3} 2>&1 | tee "$OUT/fixed-costs.log" | grep -v "^{" | tail -30
+        two_streams or copies_made_with or cuda_forms or sparse_forms_equal or selectors_kernel}" --tb=short 2>&1 \
+        | grep -v "aux_data\|exe_args" | tail -15 | tee "$OUT/pytest.txt"
+    timeout 300 python3 benchmarks/experiments/program_order.py --out "$OUT" --rounds ${ROUNDS:-3} ${ORDER_ARGS:-} 2>&1 \
+        | tee "$OUT/program-order.log" | grep -v "^{" | tail -30
     ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)

@@ -517,41 +517,6 @@ def test_k_and_v_quantized_on_a_second_stream_give_the_same_bits(qk, D):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("qk", ["fp8", "int8"])
-@pytest.mark.parametrize("D", [64, 128])
-def test_the_quantization_in_one_launch_makes_the_copies_of_three(qk, D):
-    """``quantize(one_launch=True)`` (``_prepare_kernel``, programs that wait on flags other programs raise) against
-    its three launches: the same copies of Q and V, the same sums and V scales; K's copy over a mean summed perhaps in
-    another order, so a few bytes may differ, and the outputs agree to a cosine of 0.99999. Call after call in the
-    same workspace, the counters are back to zero after each launch (or the next one would never end)."""
-    from ditgate.forms.workspace import WorkspacePool
-
-    pool = WorkspacePool()
-
-    def buffers(shape, dtype, name):
-        return pool.get(shape, dtype, torch.device("cuda"), name)
-
-    for seed, (H, HK, S) in ((43, (4, 4, 1000)), (47, (8, 2, 3000))):
-        q, k, v = _qkv(1, H, HK, S, S, D, seed=seed)
-        k = k + 0.5  # a common offset, as real keys have
-        three = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, sums=True, one_launch=False)
-        for _ in range(3):
-            one = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, buffers, sums=True)
-            torch.cuda.synchronize()
-            assert (pool.get((2 + 2 * HK,), torch.int32, torch.device("cuda"), "counters") == 0).all()
-        for field in ("q", "vt"):
-            assert torch.equal(getattr(one, field).view(torch.uint8), getattr(three, field).view(torch.uint8)), field
-        for field in ("q_scale", "q_sums", "k_sums", "v_scale"):
-            assert torch.equal(getattr(one, field), getattr(three, field)), field
-        assert (one.k.view(torch.uint8) != three.k.view(torch.uint8)).float().mean() < 1e-3
-        assert torch.allclose(one.k_scale, three.k_scale, rtol=1e-5)
-        expected = ha.hopper_attention(q, k, v, qk=qk, prepared=three)
-        got = ha.hopper_attention(q, k, v, qk=qk, prepared=one, buffers=buffers)
-        assert torch.nn.functional.cosine_similarity(got.float().flatten(), expected.float().flatten(), dim=0) > 0.99999
-
-
-@gpu
-@pytest.mark.gpu
 @pytest.mark.parametrize("D, groups", [(64, 2), (64, 3), (128, 2)])
 def test_int8_row_max_over_the_integers_changes_no_bit(D, groups):
     """The integers' max times the step's scale is the floats' max minus the offset, exactly (both under 2^22), so

@@ -53,9 +53,6 @@ class _QuantForm(Form):
         # ms at LTX, 7.623 against 7.684 at Wan-14B); in s17's call f they tied at LTX (2.814 against 2.823) and lost
         # all four rounds at Wan-14B (median 7.878 against 7.636)
         self.kv_beside_selection = False
-        # the quantization in one launch that reads K and V once (``quantize(one_launch=True)``); off: three launches,
-        # K and V read twice. TO BE MEASURED
-        self.quantize_in_one_launch = True
         self._kv_streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def _probe(self) -> Availability:
@@ -141,11 +138,10 @@ class _QuantForm(Form):
                 kv_stream = self._kv_streams.get(q.device)
                 if kv_stream is None:
                     kv_stream = self._kv_streams[q.device] = torch.cuda.Stream(q.device)
-            qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True, kv_stream=kv_stream,
-                                                    one_launch=self.quantize_in_one_launch)
+            qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True, kv_stream=kv_stream)
         else:
             qz = self._kernel.quantize(q, k, v, self.qk, scale, self._triton_config(q, k, v, rows, block), buffers,
-                                       sums=True, one_launch=self.quantize_in_one_launch)
+                                       sums=True)
         query, key = qz.tile_means(rows, q.shape[2], k.shape[2])
         return PooledTiles(query, key, qz)
 

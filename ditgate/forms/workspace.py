@@ -21,7 +21,7 @@ class WorkspacePool:
         key = (tuple(shape), dtype, str(device), variant)
         buf = self._buffers.get(key)
         if buf is None:
-            buf = torch.zeros(shape, dtype=dtype, device=device)  # zeroed once: counters start at zero
+            buf = torch.empty(shape, dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf
 

@@ -68,7 +68,7 @@ def _quant_rows(X, OUT, SCALE, MEAN, SUMS, blk, bh, sxb, sxh, sxs, sxd, H, S, S_
     if HAS_SUMS:
         tl.store(SUMS + (bh * n_blocks + blk) * D + cols, tl.sum(x, axis=0))
     if HAS_MEAN:
-        mean = tl.load(MEAN + bh * D + cols, cache_modifier=".cg")  # L2: another program of the launch may write it
+        mean = tl.load(MEAN + bh * D + cols)
         x = tl.where(valid, x - mean[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     scale = tl.where(amax > 0, amax / QMAX, 1.0)
@@ -83,10 +83,25 @@ def _quant_rows(X, OUT, SCALE, MEAN, SUMS, blk, bh, sxb, sxh, sxs, sxd, H, S, S_
 
 
 @triton.jit
+def _block_and_head(p, n_blocks, heads, HEADS_INNER: tl.constexpr):
+    """(row block, batch · head) of the ``p``-th program of a pass over ``heads`` heads of ``n_blocks`` blocks each.
+    ``HEADS_INNER``: consecutive programs take the same block of consecutive heads, so that the programs running at
+    once read whole token rows of diffusers' [B, S, H, D] storage (H · D contiguous elements per token), not one
+    head's slice of each token's row; otherwise one head's blocks in turn. The same results either way. On the
+    H200 (benchmarks/results/2026-12-04-h200-s18, calls c-d, ``program_order.py``), heads inner against outer:
+    ``_first_pass_kernel`` 0.113 against 0.115 ms at LTX's 32 x 27588 x 64 and 0.301 against 0.325 at Wan-14B's
+    40 x 32760 x 128, ``_quant_kv_kernel`` 0.089 against 0.090 and 0.246 against 0.242, ``quantize`` as a whole
+    0.203 against 0.204 and 0.550 against 0.569 (faster in each of three rounds at both shapes)."""
+    if HEADS_INNER:
+        return p // heads, p % heads
+    return p % n_blocks, p // n_blocks
+
+
+@triton.jit
 def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sqd, skb, skh, sks, skd,
                        svb, svh, svs, svd, H, HK, SQ, SK, SQ_PAD, n_m, n_n, q_programs, mult,
                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TO_INT8: tl.constexpr,
-                       QMAX: tl.constexpr, HAS_SUMS: tl.constexpr):
+                       QMAX: tl.constexpr, HAS_SUMS: tl.constexpr, HEADS_INNER: tl.constexpr):
     """What needs nothing computed first, in one launch: programs below ``q_programs`` quantize a block of Q
     (``_quant_rows``, Q needs no mean); the rest read a block of K and V for K's column sums (its mean, and the
     selector's pooled key tiles) and V's column absmax (V's per-channel scale). Why: launches cost the host
@@ -98,10 +113,12 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
     (0.131 ms at LTX with 1, 2 or 4; 0.344-0.346 at Wan-14B; results 2026-12-04-h200-s14, call a)."""
     pid = tl.program_id(0)
     if pid < q_programs:
-        _quant_rows(Q, Q8, QS, QS, Q_SUMS, pid % n_m, pid // n_m, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult,
+        blk, bh = _block_and_head(pid, n_m, q_programs // n_m, HEADS_INNER)
+        _quant_rows(Q, Q8, QS, QS, Q_SUMS, blk, bh, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult,
                     D, BLOCK_M, False, TO_INT8, QMAX, HAS_SUMS)
     else:
-        blk, bh = (pid - q_programs) % n_n, (pid - q_programs) // n_n
+        kv_programs = tl.num_programs(0) - q_programs
+        blk, bh = _block_and_head(pid - q_programs, n_n, kv_programs // n_n, HEADS_INNER)
         k, rows, cols, valid = _load_row_block(K, blk, bh, skb, skh, sks, skd, HK, SK, D, BLOCK_N)
         v, _, _, _ = _load_row_block(V, blk, bh, svb, svh, svs, svd, HK, SK, D, BLOCK_N)
         at = (bh * n_n + blk) * D + cols
@@ -110,32 +127,25 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
 
 
 @triton.jit
-def _head_scales(K_SUMS, V_MAX, K_MEAN, V_SCALE, bh, cols, n_n, SK, D: tl.constexpr, COLS: tl.constexpr,
-                 CHUNK: tl.constexpr):
-    """K's mean and V's scale (absmax / 448, at least 1e-20) over the sequence for channels ``cols`` of key/value head
-    ``bh``, from the per-block sums and maxima (read from L2: in ``_prepare_kernel`` other programs wrote them)."""
+def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, COLS: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    """One program per key/value head and ``COLS`` channels: K's mean over the sequence from its block sums,
+    and V's per-channel scale (absmax / 448, at least 1e-20) from its block maxima; one launch where torch
+    took seven. ``CHUNK`` blocks per step: every block in one step up to 256 blocks (32768 keys), so the
+    program waits for one load, not one per 32 blocks: 0.011 against 0.026 ms at LTX, 0.012 against 0.034 at
+    Wan-14B (H200, benchmarks/results/2026-12-04-h200-s13, calls g and e)."""
+    bh = tl.program_id(0)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
     total = tl.zeros([COLS], dtype=tl.float32)
     vmax = tl.zeros([COLS], dtype=tl.float32)
     for start in range(0, n_n, CHUNK):
         blocks = start + tl.arange(0, CHUNK)
         at = (bh * n_n + blocks[:, None]) * D + cols[None, :]
         inside = (blocks < n_n)[:, None]
-        total += tl.sum(tl.load(K_SUMS + at, mask=inside, other=0.0, cache_modifier=".cg"), axis=0)
-        vmax = tl.maximum(vmax, tl.max(tl.load(V_MAX + at, mask=inside, other=0.0, cache_modifier=".cg"), axis=0))
+        total += tl.sum(tl.load(K_SUMS + at, mask=inside, other=0.0), axis=0)
+        vmax = tl.maximum(vmax, tl.max(tl.load(V_MAX + at, mask=inside, other=0.0), axis=0))
     tl.store(K_MEAN + bh * D + cols, total / SK)
     tl.store(V_SCALE + bh * D + cols, tl.maximum(vmax / 448.0, 1e-20))
-
-
-@triton.jit
-def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, COLS: tl.constexpr,
-                      CHUNK: tl.constexpr):
-    """One program per key/value head and ``COLS`` channels: K's mean over the sequence from its block sums,
-    and V's per-channel scale from its block maxima (``_head_scales``); one launch where torch
-    took seven. ``CHUNK`` blocks per step: every block in one step up to 256 blocks (32768 keys), so the
-    program waits for one load, not one per 32 blocks: 0.011 against 0.026 ms at LTX, 0.012 against 0.034 at
-    Wan-14B (H200, benchmarks/results/2026-12-04-h200-s13, calls g and e)."""
-    _head_scales(K_SUMS, V_MAX, K_MEAN, V_SCALE, tl.program_id(0), tl.program_id(1) * COLS + tl.arange(0, COLS), n_n,
-                 SK, D, COLS, CHUNK)
 
 
 @triton.jit
@@ -149,7 +159,7 @@ def _output_channel(j):
 
 @triton.jit
 def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
-                   PERMUTE: tl.constexpr):
+                   PERMUTE: tl.constexpr, HEADS_INNER: tl.constexpr, heads):
     """V's ``p``-th block (head p // n_n) over its per-channel scale to FP8, written transposed: VT8[b·h, d, s]
     (padded columns are zero). PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column
     16h + 4t + 2a + b, the order in which the Hopper schedule hands P to its P·V product
@@ -158,7 +168,7 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
     instruction (64 ``st.global.b8`` per thread in the PTX for sm_90, where K's rows take 4 ``st.global.v4``).
     With PERMUTE, channel d also goes to row ``_output_channel(d)``, the P·V accumulator's column that holds it in
     that schedule, so that its output leaves in 16-byte stores (``hopper_attention._ordered_output``)."""
-    blk, bh = p % n_n, p // n_n
+    blk, bh = _block_and_head(p, n_n, heads, HEADS_INNER)
     columns = blk * BLOCK + tl.arange(0, BLOCK)  # key positions in VT8, written in order
     channels = tl.arange(0, D)
     if PERMUTE:  # column 16h + 4t + 2a + b gets key 16h + 8a + 2t + b; channel d goes to row _output_channel(d)
@@ -167,7 +177,7 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
     else:
         rows, at = columns, channels
     v, cols, _ = _load_rows(V, rows, bh, svb, svh, svs, svd, HK, SK, D)
-    vs = tl.load(VSCALE + bh * D + cols, cache_modifier=".cg")  # L2, as the mean in ``_quant_rows``
+    vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
     tl.store(VT8 + (bh * D + at[None, :]) * SK_PAD + columns[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
 
@@ -175,7 +185,7 @@ def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D
 @triton.jit
 def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb, svh, svs, svd, HK, SK, SK_PAD, n_n,
                      k_programs, D: tl.constexpr, BLOCK: tl.constexpr, TO_INT8: tl.constexpr, QMAX: tl.constexpr,
-                     PERMUTE: tl.constexpr, PART: tl.constexpr):
+                     PERMUTE: tl.constexpr, PART: tl.constexpr, HEADS_INNER: tl.constexpr):
     """K (its mean subtracted, ``_quant_rows``) and V (``_quant_v_block``) quantized, a block per program.
     ``PART`` 0: both in one launch, K's blocks below ``k_programs`` (what ``quantize`` launches); 1: K only;
     2: V only, each compiled with that part's registers alone (``benchmarks/experiments/quantize_kernels.py``
@@ -183,88 +193,14 @@ def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb,
     pid = tl.program_id(0)
     if PART == 2:
         pid += k_programs  # V's programs follow K's, as in the one-launch grid
+    heads = k_programs // n_n
     if PART == 1 or (PART == 0 and pid < k_programs):
-        _quant_rows(K, K8, KS, K_MEAN, KS, pid % n_n, pid // n_n, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
+        blk, bh = _block_and_head(pid, n_n, heads, HEADS_INNER)
+        _quant_rows(K, K8, KS, K_MEAN, KS, blk, bh, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
                     D, BLOCK, True, TO_INT8, QMAX, False)
     else:
         _quant_v_block(V, VT8, VSCALE, pid - k_programs, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK,
-                       PERMUTE)
-
-
-@triton.jit
-def _prepare_kernel(Q, Q8, QS, Q_SUMS, K, K8, KS, K_SUMS, K_MEAN, V, VT8, V_MAX, V_SCALE, COUNTERS,
-                    sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, H, HK, kv_heads, SQ, SK, SQ_PAD, SK_PAD,
-                    n_m, n_n, lag, mult, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    TO_INT8: tl.constexpr, QMAX: tl.constexpr, HAS_SUMS: tl.constexpr, PERMUTE: tl.constexpr,
-                    COLS: tl.constexpr, CHUNK: tl.constexpr, TICKETS: tl.constexpr):
-    """The whole quantization in one launch, so that K and V are read from memory once: the second read of each
-    key/value head, to quantize it over its mean and scales, finds it in L2 (about 7 MB per head at LTX).
-
-    Each program takes a ticket (an atomic counter) and does what the ticket names, in steps per key/value head
-    t: its K sums and V absmax per block ("stats", ``n_n`` programs), the quantization of K's and V's blocks
-    of head t - ``lag`` (``2 n_n``), then Q's blocks of head t's query heads (Q needs nothing computed first).
-    The last stats program of a head to arrive computes its mean and scales (``_head_scales``) and raises
-    its flag; the quantizing programs of that head wait for the flag. A program only ever waits for lower
-    tickets, and a ticket is taken by a program already running, so every wait ends however the GPU
-    schedules programs. The last program to finish sets the counters back to zero for the next launch
-    (``COUNTERS``: ticket, finished, arrivals per head, flags per head; zero before the first launch).
-    Same arithmetic as ``_first_pass_kernel``, ``_kv_scales_kernel`` and ``_quant_kv_kernel``."""
-    G = H // HK
-    q_step = G * n_m  # Q's programs per step
-    kv_step = 2 * n_n  # K's then V's blocks of one head
-    first = n_n + q_step  # a step before ``lag`` steps are done: stats and Q
-    step = first + kv_step
-    if TICKETS:
-        ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
-    else:  # the order in which the GPU starts programs, in practice
-        ticket = tl.program_id(0)
-    early = ticket < lag * first
-    y = ticket - lag * first
-    tail = y >= (kv_heads - lag) * step  # the last ``lag`` heads' K and V, after every stats program
-    z = y - (kv_heads - lag) * step
-    t = tl.where(early, ticket // first, y // step + lag)
-    r = tl.where(early, ticket % first, y % step)
-    kv_span = tl.where(early, 0, kv_step)
-    role = tl.where(tail, 1, tl.where(r < n_n, 0, tl.where(r < n_n + kv_span, 1, 2)))  # 0 stats, 1 K/V, 2 Q
-    head = tl.where(tail, kv_heads - lag + z // kv_step, tl.where(role == 1, t - lag, t))
-    idx = tl.where(tail, z % kv_step, tl.where(role == 0, r, tl.where(role == 1, r - n_n, r - n_n - kv_span)))
-    if role == 0:
-        k, rows, cols, valid = _load_row_block(K, idx, head, skb, skh, sks, skd, HK, SK, D, BLOCK_N)
-        v, _, _, _ = _load_row_block(V, idx, head, svb, svh, svs, svd, HK, SK, D, BLOCK_N)
-        at = (head * n_n + idx) * D + cols
-        tl.store(K_SUMS + at, tl.sum(k, axis=0))
-        tl.store(V_MAX + at, tl.max(tl.abs(v), axis=0))
-        tl.debug_barrier()  # every thread's stores before the arrival that publishes them
-        if tl.atomic_add(COUNTERS + 2 + head, 1, sem="acq_rel") == n_n - 1:
-            tl.debug_barrier()
-            for c in tl.static_range(D // COLS):
-                _head_scales(K_SUMS, V_MAX, K_MEAN, V_SCALE, head, c * COLS + tl.arange(0, COLS), n_n, SK, D, COLS,
-                             CHUNK)
-            tl.debug_barrier()
-            tl.atomic_xchg(COUNTERS + 2 + kv_heads + head, 1, sem="release")
-    elif role == 1:
-        flag = tl.load(COUNTERS + 2 + kv_heads + head, volatile=True)
-        while flag == 0:
-            flag = tl.load(COUNTERS + 2 + kv_heads + head, volatile=True)
-        tl.atomic_add(COUNTERS + 2 + kv_heads + head, 0, sem="acquire")  # the scales' stores happen before
-        tl.debug_barrier()
-        if idx < n_n:
-            _quant_rows(K, K8, KS, K_MEAN, KS, idx, head, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0, D, BLOCK_N,
-                        True, TO_INT8, QMAX, False)
-        else:
-            _quant_v_block(V, VT8, V_SCALE, head * n_n + idx - n_n, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D,
-                           BLOCK_N, PERMUTE)
-    else:
-        bh = (head // HK) * H + (head % HK) * G + idx // n_m
-        _quant_rows(Q, Q8, QS, QS, Q_SUMS, idx % n_m, bh, sqb, sqh, sqs, sqd, H, SQ, SQ_PAD, n_m, mult, D, BLOCK_M,
-                    False, TO_INT8, QMAX, HAS_SUMS)
-    if TICKETS:
-        tl.debug_barrier()
-        total = kv_heads * (n_n + q_step + kv_step)
-        if tl.atomic_add(COUNTERS + 1, 1, sem="acq_rel") == total - 1:  # every other program is done with the counters
-            for start in range(0, 2 + 2 * kv_heads, 256):
-                at = start + tl.arange(0, 256)
-                tl.store(COUNTERS + at, tl.zeros([256], dtype=tl.int32), mask=at < 2 + 2 * kv_heads)
+                       PERMUTE, HEADS_INNER, heads)
 
 
 @triton.jit
@@ -501,24 +437,17 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-# ``_prepare_kernel``'s warps per program and lag (steps between a head's stats and its quantization); TO BE MEASURED
-PREPARE_WARPS = 4
-PREPARE_LAG = 1
-
-
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
-             sums: bool = False, kv_stream: torch.cuda.Stream | None = None, one_launch: bool = True,
-             warps: int | None = None, lag: int | None = None, tickets: bool = True) -> Quantized:
-    """Q, K and V quantized: K over its mean, V over its per-channel absmax, each block over its own absmax.
-    ``one_launch`` (the default without ``kv_stream``): all of it in ``_prepare_kernel``, which reads K and V
-    from memory once (``warps`` and ``lag``: its options, by default ``PREPARE_WARPS`` and ``PREPARE_LAG``).
-    Otherwise three launches: Q quantized beside one pass over K and V for K's column sums (its mean) and V's
-    channel absmax; K's mean and V's scales from those; K and V quantized. ``permute_v``: V's keys in the Hopper
-    schedule's P order and its channels in that schedule's output order (see ``_quant_v_block``). ``sums``: Q's
-    column sums per query block as well, written by the programs that quantize Q (``Quantized.tile_means``: the
-    selector's pooled tiles without reading Q and K again). ``kv_stream``: three launches, the last (K and V) on
-    that stream, so that what the caller does next on its own stream (the selection) can run beside it;
-    whatever reads the copies waits for them first (``Quantized.ready``)."""
+             sums: bool = False, kv_stream: torch.cuda.Stream | None = None, heads_inner: bool = True) -> Quantized:
+    """Three launches: Q quantized beside one pass
+    over K and V for K's column sums (its mean) and V's channel absmax; K's mean and V's scales from those;
+    K and V quantized. ``permute_v``: V's keys in the Hopper schedule's P order and its channels in that
+    schedule's output order (see ``_quant_v_block``). ``sums``: Q's column sums per query block as well, written by
+    the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without
+    reading Q and K again). ``kv_stream``: the last launch (K and V) goes there, after the first two, so that what
+    the caller does next on its own stream (the selection) can run beside it; whatever reads the copies waits for
+    them first (``Quantized.ready``). ``heads_inner``: the passes' programs in the order of ``_block_and_head``
+    (the same copies either way; faster by default, see there)."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -537,33 +466,16 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     k_mean = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
     v_scale = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
     to_int8 = qk == "int8"
-    cols, chunk = min(32, D), min(256, triton.next_power_of_2(n_n))
-    made = (q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n, permute_v,
-            k_sums, q_sums if sums else None)
-    if one_launch and kv_stream is None:
-        # zero before the first launch; each launch leaves them zero (``_prepare_kernel``). Workspace buffers
-        # start zeroed (``WorkspacePool.get``)
-        shape = (2 + 2 * B * HK,)
-        counters = buffers(shape, torch.int32, "counters") if buffers else torch.zeros(shape, dtype=torch.int32,
-                                                                                       device=q.device)
-        if not tickets:
-            counters.zero_()
-        programs = B * HK * 3 * n_n + B * H * n_m
-        _prepare_kernel[(programs,)](
-            q, q8, qs, q_sums, k, k8, ks, k_sums, k_mean, v, vt8, v_max, v_scale, counters, *q.stride(), *k.stride(),
-            *v.stride(), H, HK, B * HK, SQ, SK, sq_pad, sk_pad, n_m, n_n, min(PREPARE_LAG if lag is None else lag,
-                                                                             B * HK),
-            scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, HAS_SUMS=sums,
-            PERMUTE=permute_v, COLS=cols, CHUNK=chunk, TICKETS=tickets, num_warps=warps or PREPARE_WARPS)
-        return Quantized(*made)
     q_programs, kv_programs = n_m * B * H, n_n * B * HK
     _first_pass_kernel[(q_programs + kv_programs,)](
         q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, HK, SQ, SK, sq_pad, n_m, n_n,
         q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax,
-        HAS_SUMS=sums, num_warps=FIRST_PASS_WARPS)
-    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, COLS=cols, CHUNK=chunk)
+        HAS_SUMS=sums, HEADS_INNER=heads_inner, num_warps=FIRST_PASS_WARPS)
+    cols = min(32, D)
+    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, COLS=cols,
+                                           CHUNK=min(256, triton.next_power_of_2(n_n)))
     kv = (k, k8, ks, k_mean, v, vt8, v_scale, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
-    flags = dict(D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v)
+    flags = dict(D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v, HEADS_INNER=heads_inner)
     # K and V in one launch of four warps at both head dims. H200, quantize_kernels.py: with V's columns written in
     # order (``_quant_v_block``; results 2026-12-04-h200-s14, call a) 0.091 ms at LTX's 32 x 27588 x 64 and 0.245
     # at Wan-14B's 40 x 32760 x 128, where K and V in two launches took 0.126 + 0.127 (V at eight warps 0.140).
@@ -580,7 +492,8 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
             t.record_stream(kv_stream)
         kv_done = torch.cuda.Event()
         kv_done.record(kv_stream)
-    return Quantized(*made, kv_done)
+    return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
+                     permute_v, k_sums, q_sums if sums else None, kv_done)
 
 
 QK_MODES = ("fp8", "int8", "plain")
