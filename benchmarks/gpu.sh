@@ -117,6 +117,7 @@
 #   bash benchmarks/gpu.sh s17-choose    (carry .whl)          no fa4: the selector's choosing kernel per warp count
 #   bash benchmarks/gpu.sh s17-final     (carry .whl)          after prep and join: the sparse stage at LTX (SHAPE=wan: Wan-14B)
 #   bash benchmarks/gpu.sh s18-order     (carry .whl)          no fa4: the passes' programs heads inner against heads outer
+#   bash benchmarks/gpu.sh s18-onecall   (carry .whl)          no fa4: the sparse calls profiled one at a time
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -356,6 +357,14 @@ s18-order)  # carry .whl (no fa4): the passes over the host's Q, K, V with their
         | grep -v "aux_data\|exe_args" | tail -15 | tee "$OUT/pytest.txt"
     timeout 300 python3 benchmarks/experiments/program_order.py --out "$OUT" --rounds ${ROUNDS:-3} ${ORDER_ARGS:-} 2>&1 \
         | tee "$OUT/program-order.log" | grep -v "^{" | tail -30
+    ;;
+s18-onecall)  # carry .whl (no fa4): the sparse calls kernel by kernel, one at a time (a synchronize after each), at
+    # $SHAPES (default wan): where the one-call timing's extra time goes
+    install_small
+    timeout 300 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ${SHAPES:-wan} --calls 10 \
+        --one-at-a-time 2>&1 | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -80
+    [ -z "${HOST_PROFILE:-}" ] || timeout 200 python3 benchmarks/experiments/host_profile.py --out "$OUT" \
+        --shapes ${SHAPES:-wan} 2>&1 | tail -8
     ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)

@@ -3,12 +3,13 @@ CUDA times), at budget 0.3 over a video layout, the selector pooling Q and K its
 (``fixed_costs.whole_call_variants``); random bf16 inputs at the LTX or Wan-14B long shape. do_bench medians of
 the two calls back to back say which is faster; this says which kernels make the difference.
 
-    python benchmarks/experiments/sparse_call_profile.py --out DIR [--shapes ltx wan] [--calls 20]
+    python benchmarks/experiments/sparse_call_profile.py --out DIR [--shapes ltx wan] [--calls 20] [--one-at-a-time]
 
 Prints, per shape and variant, each kernel's mean GPU time per call, the sum, and the time from the first kernel's
 start to the last one's end per call (the calls run back to back); then the middle call's kernels in order, each with
 its start (us from the call's first), its duration and the time since any kernel before it last ended (a negative one
-ran beside another, on the second stream); writes sparse-call-profile.json."""
+ran beside another, on the second stream); writes sparse-call-profile.json. ``--one-at-a-time``: a synchronize after
+each call, as the benchmark's one-call timing waits: the gaps then show where the GPU waited for the host."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--out", default="ditgate-out")
     ap.add_argument("--shapes", nargs="+", default=["ltx"], choices=list(SHAPES))
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--one-at-a-time", action="store_true", help="a synchronize after each profiled call")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -43,6 +45,8 @@ def main() -> None:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.calls):
                     fn()
+                    if args.one_at_a_time:
+                        torch.cuda.synchronize()
                 torch.cuda.synchronize()
             per_kernel: dict = collections.defaultdict(float)
             spans = []
@@ -59,7 +63,7 @@ def main() -> None:
             for kernel, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
                 record(shape=shape, variant=name, kernel=kernel, ms_per_call=ms)
             record(shape=shape, variant=name, kernel="(sum)", ms_per_call=sum(per_kernel.values()))
-            # the calls ran back to back: first start to last end per call is the GPU's time with its gaps
+            # first start to last end per call: the GPU's time with its gaps (one at a time: with the waits between)
             record(shape=shape, variant=name, kernel="(first start to last end, per call)",
                    ms_per_call=(max(e for _, e, _ in spans) - min(s for s, _, _ in spans)) / 1e3 / args.calls)
     for r in rows:
