@@ -118,6 +118,7 @@
 #   bash benchmarks/gpu.sh s17-final     (carry .whl)          after prep and join: the sparse stage at LTX (SHAPE=wan: Wan-14B)
 #   bash benchmarks/gpu.sh s18-order     (carry .whl)          no fa4: the passes' programs heads inner against heads outer
 #   bash benchmarks/gpu.sh s18-onecall   (carry .whl)          no fa4: the sparse calls profiled one at a time
+#   bash benchmarks/gpu.sh s18-means     (carry .whl)          no fa4: Q's and K's tile means in one launch, tested and profiled
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -365,6 +366,13 @@ s18-onecall)  # carry .whl (no fa4): the sparse calls kernel by kernel, one at a
         --one-at-a-time 2>&1 | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -80
     [ -z "${HOST_PROFILE:-}" ] || timeout 200 python3 benchmarks/experiments/host_profile.py --out "$OUT" \
         --shapes ${SHAPES:-wan} 2>&1 | tail -8
+    ;;
+s18-means)  # carry .whl (no fa4): Q's and K's tile means in one launch: test_fused_pooling.py on the GPU, then the
+    # sparse calls profiled one at a time at LTX
+    install_small
+    timeout 120 python3 -m pytest -q tests/test_fused_pooling.py --tb=short 2>&1 | tail -3 | tee "$OUT/pytest.txt"
+    timeout 150 python3 benchmarks/experiments/sparse_call_profile.py --out "$OUT" --shapes ltx --calls 10 \
+        --one-at-a-time 2>&1 | tee "$OUT/sparse-call-profile.log" | grep -v "^{" | tail -50
     ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)

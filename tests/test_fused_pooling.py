@@ -38,6 +38,12 @@ def test_the_quantization_pass_sums_what_the_selector_pools_and_keeps_k_mean_and
     assert torch.allclose(qz.k_sums.sum(2) / 97, k.float().mean(2), atol=1e-5)
     absmax = v.float().abs().amax(2).reshape(2, 64)
     assert torch.allclose(qz.v_scale, absmax / 448.0, rtol=1e-6)
+    # one launch for both tensors, also where Q has more tiles than K (programs past a tensor's tiles do nothing)
+    q2, k2, v2 = _qkv(7, SQ=150, SK=40)
+    qz2 = quantize(q2, k2, v2, "fp8", 0.125, CFG, sums=True)
+    query2, key2 = qz2.tile_means(96, 150, 40)
+    assert query2.shape == (1, 4, 2, 64) and key2.shape == (1, 2, 2, 64)
+    assert torch.allclose(query2, _pool(q2, 96, 2), atol=1e-5) and torch.allclose(key2, _pool(k2, 32, 2), atol=1e-5)
     with pytest.raises(ValueError, match="whole blocks"):
         qz.tile_means(48, 70, 97)
     with pytest.raises(ValueError, match="without the sums"):

@@ -424,8 +424,7 @@ class Quantized:
             raise ValueError(f"query tiles of {rows} rows are not whole blocks of {self.block_m}")
         from .tile_select import means_from_sums
 
-        return (means_from_sums(self.q_sums, self.block_m, rows, seq_q),
-                means_from_sums(self.k_sums, self.block_n, self.block_n, seq_k))
+        return means_from_sums(self.q_sums, self.block_m, rows, seq_q, self.k_sums, self.block_n, seq_k)
 
 
 # warps per program of ``_first_pass_kernel``. H200, quantize_kernels.py (results 2026-12-04-h200-s14, call c): 0.116 /

@@ -7,7 +7,8 @@ took 0.41 ms on the H200, 3.6 % of the dense attention, mostly launches and the 
 
 - ``pool_tiles``: one program per (tile, batch · head) reads its rows through the caller's strides
   and writes their float32 mean (the partial last tile by its real row count); ``means_from_sums`` the
-  same means from column sums a quantization pass wrote (the quantized sparse forms pool that way);
+  same means of Q and K, in one launch, from column sums a quantization pass wrote (the quantized sparse
+  forms pool that way);
 - ``choose_and_list``: one program per (batch · head, query tile) applies the fixed scores, finds the
   ``keep``-th best score of its row by a sort, keeps the tiles above it (ties at it in column order,
   so exactly ``keep``), adds the always-kept tiles, and writes the row's ascending list at slots given
@@ -53,9 +54,8 @@ def pool_tiles(x: torch.Tensor, block: int, heads_inner: bool = True) -> torch.T
 
 
 @triton.jit
-def _means_kernel(SUMS, OUT, n_blocks, n, rows, length, D: tl.constexpr, GROUP: tl.constexpr):
-    t = tl.program_id(0)
-    bh = tl.program_id(1)
+def _tile_mean(SUMS, OUT, t, bh, n_blocks, n, rows, length, D: tl.constexpr, GROUP: tl.constexpr):
+    """Tile ``t`` of head ``bh``: the sum of its ``GROUP`` blocks' column sums over its real row count."""
     cols = tl.arange(0, D)
     total = tl.zeros([D], tl.float32)
     for i in tl.static_range(GROUP):  # the tile's blocks; the last tile may have fewer
@@ -65,18 +65,38 @@ def _means_kernel(SUMS, OUT, n_blocks, n, rows, length, D: tl.constexpr, GROUP: 
     tl.store(OUT + (bh * n + t) * D + cols, total / count)
 
 
-def means_from_sums(sums: torch.Tensor, block: int, rows: int, length: int) -> torch.Tensor:
-    """Float32 [B, H, n, D] means per ``rows`` rows (a multiple of ``block``) of a ``length``-row sequence,
-    from float32 [B, H, n_blocks, D] column sums per ``block`` rows (what a quantization pass wrote while it
-    read the rows anyway); the partial last tile by its real row count. One launch: as a handful of torch
-    operations it took 0.14 ms on the H200 at Wan-14B's shape, launch-bound (results 2026-12-03-h200-s12)."""
-    B, H, n_blocks, D = sums.shape
-    if rows % block:
-        raise ValueError(f"tiles of {rows} rows are not whole blocks of {block}")
-    n = -(-length // rows)
-    out = torch.empty(B, H, n, D, dtype=torch.float32, device=sums.device)
-    _means_kernel[(n, B * H)](sums, out, n_blocks, n, rows, length, D=D, GROUP=rows // block, num_warps=1)
-    return out
+@triton.jit
+def _means_kernel(Q_SUMS, Q_OUT, K_SUMS, K_OUT, q_heads, q_blocks, q_n, rows, seq_q, k_blocks, k_n, block_n, seq_k,
+                  D: tl.constexpr, Q_GROUP: tl.constexpr):
+    """Q's tile means for heads below ``q_heads``, K's for the rest, in one launch (``means_from_sums``)."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    if bh < q_heads:
+        if t < q_n:
+            _tile_mean(Q_SUMS, Q_OUT, t, bh, q_blocks, q_n, rows, seq_q, D, Q_GROUP)
+    elif t < k_n:
+        _tile_mean(K_SUMS, K_OUT, t, bh - q_heads, k_blocks, k_n, block_n, seq_k, D, 1)
+
+
+def means_from_sums(q_sums: torch.Tensor, block_m: int, rows: int, seq_q: int, k_sums: torch.Tensor, block_n: int,
+                    seq_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 tile means of Q per ``rows`` query rows ([B, H, n, D], ``rows`` a multiple of ``block_m``) and of K
+    per ``block_n`` keys ([B, HK, n_n, D]), from float32 [B, ., blocks, D] column sums per ``block_m`` query rows
+    and ``block_n`` keys (what a quantization pass wrote while it read the rows anyway); the partial last tiles by
+    their real row counts. One launch for both: as a handful of torch operations per tensor it took 0.14 ms on the
+    H200 at Wan-14B's shape, launch-bound (results 2026-12-03-h200-s12); as one launch per tensor, the GPU waited
+    about 50 us for the host between the two when calls ran one at a time (results 2026-12-04-h200-s18, call h)."""
+    B, H, q_blocks, D = q_sums.shape
+    HK, k_blocks = k_sums.shape[1], k_sums.shape[2]
+    if rows % block_m:
+        raise ValueError(f"tiles of {rows} rows are not whole blocks of {block_m}")
+    q_n, k_n = -(-seq_q // rows), -(-seq_k // block_n)
+    query = torch.empty(B, H, q_n, D, dtype=torch.float32, device=q_sums.device)
+    key = torch.empty(B, HK, k_n, D, dtype=torch.float32, device=k_sums.device)
+    _means_kernel[(max(q_n, k_n), B * H + B * HK)](q_sums, query, k_sums, key, B * H, q_blocks, q_n, rows, seq_q,
+                                                   k_blocks, k_n, block_n, seq_k, D=D, Q_GROUP=rows // block_m,
+                                                   num_warps=1)
+    return query, key
 
 
 @triton.jit
