@@ -80,7 +80,8 @@ def main() -> None:
                     COLS=32, CHUNK=min(256, triton.next_power_of_2(n_n)), num_warps=warps),
                 **{f"{what} quantized": lambda part=part, programs=programs: kv[(programs,)](
                     k, k8, ks, mean, v, vt8, v_scale, *k.stride(), *v.stride(), H, S, n_n * bn, n_n, kv_programs,
-                    D=D, BLOCK=bn, TO_INT8=False, QMAX=448.0, PERMUTE=True, PART=part, HEADS_INNER=True, num_warps=warps)
+                    D=D, BLOCK=bn, TO_INT8=False, QMAX=448.0, PERMUTE=True, PART=part, HEADS_INNER=True,
+                    num_warps=warps)
                    for what, part, programs in (("K and V", 0, 2 * kv_programs), ("K", 1, kv_programs),
                                                 ("V", 2, kv_programs))},
             }
