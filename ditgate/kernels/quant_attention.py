@@ -160,7 +160,8 @@ def _output_channel(j):
 @triton.jit
 def _quant_v_block(V, VT8, VSCALE, p, n_n, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
                    PERMUTE: tl.constexpr, HEADS_INNER: tl.constexpr, heads):
-    """V's ``p``-th block (head p // n_n) over its per-channel scale to FP8, written transposed: VT8[b·h, d, s]
+    """V's ``p``-th block (which block of which of ``heads`` heads: ``_block_and_head``) over its per-channel scale to
+    FP8, written transposed: VT8[b·h, d, s]
     (padded columns are zero). PERMUTE: inside each group of 32 keys, key 16h + 8a + 2t + b goes to column
     16h + 4t + 2a + b, the order in which the Hopper schedule hands P to its P·V product
     (``hopper_attention._as_operand``). The permutation picks the rows each column is read from, so that the
