@@ -38,16 +38,19 @@ E4M3 = torch.float8_e4m3fn
 SHAPES = {"ltx-1216x704x257": (27588, 64), "wan-14b-480p": (32760, 128)}  # keys, head dim
 
 
-def _blocks(x: torch.Tensor, rows: int, fmt: str) -> torch.Tensor:
-    """x rounded as the kernels store it: per block of ``rows`` rows, scaled by the block's absolute max."""
+def _blocks(x: torch.Tensor, rows: int, fmt: str, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x rounded as the kernels store it: per block of ``rows`` rows, scaled by the block's absolute max (``pow2``:
+    that scale rounded up to a power of two); and each row's scale."""
     n, d = x.shape
     pad = (-n) % rows
     xb = torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(-1, rows, d)
     top = 448.0 if fmt == "fp8" else 127.0
     scale = (xb.abs().amax(dim=(1, 2), keepdim=True) / top).clamp_min(1e-30)
+    if pow2:
+        scale = 2.0 ** torch.ceil(torch.log2(scale))
     y = xb / scale
     y = y.to(E4M3).double() if fmt == "fp8" else y.round().clamp(-127, 127)
-    return (y * scale).reshape(-1, d)[:n]
+    return (y * scale).reshape(-1, d)[:n], scale.reshape(-1, 1).expand(-1, rows).reshape(-1)[:n]
 
 
 def _byte_values(x: torch.Tensor) -> torch.Tensor:
@@ -64,15 +67,8 @@ def _v_rounded(v: torch.Tensor, v_scale: str) -> tuple[torch.Tensor, torch.Tenso
     if v_scale == "channel":
         vs = (v.abs().amax(0, keepdim=True) / 448.0).clamp_min(1e-30)
         return (v / vs).to(E4M3).double() * vs, torch.ones(v.shape[0], dtype=v.dtype)
-    n, d = v.shape
-    pad = (-n) % 128
-    vb = torch.nn.functional.pad(v, (0, 0, 0, pad)).reshape(-1, 128, d)
-    vs = (vb.abs().amax(dim=(1, 2), keepdim=True) / 448.0).clamp_min(1e-30)
-    if v_scale == "block2":
-        vs = 2.0 ** torch.ceil(torch.log2(vs))
-    rounded = ((vb / vs).to(E4M3).double() * vs).reshape(-1, d)[:n]
-    relative = (vs / vs.max()).reshape(-1, 1).expand(-1, 128).reshape(-1)[:n]
-    return rounded, relative
+    rounded, vs = _blocks(v, 128, "fp8", pow2=v_scale == "block2")
+    return rounded, vs / vs.max()
 
 
 def one_minus_cosine(q, k, v, qk: str | None, p8: bool | str, v8: bool, v_scale: str = "channel",
@@ -85,7 +81,7 @@ def one_minus_cosine(q, k, v, qk: str | None, p8: bool | str, v8: bool, v_scale:
     d = q.shape[1]
     exact = torch.softmax(q @ k.T / d ** 0.5, dim=-1) @ v
     ks = k - (k if k_mean == "all" else k[:128]).mean(0, keepdim=True)  # smoothing: exact for softmax
-    qq, kk = (q, ks) if qk is None else (_blocks(q, 64, qk), _blocks(ks, 128, qk))
+    qq, kk = (q, ks) if qk is None else (_blocks(q, 64, qk)[0], _blocks(ks, 128, qk)[0])
     s = qq @ kk.T / d ** 0.5
     vv, relative = _v_rounded(v, v_scale) if v8 else (v, torch.ones(v.shape[0], dtype=v.dtype))
     shift = torch.log2(relative)[None, :]  # 0 with per-channel scales

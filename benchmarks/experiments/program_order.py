@@ -28,6 +28,7 @@ from ditgate.kernels import quant_attention as qa
 from ditgate.kernels import tile_select
 from fixed_costs import SHAPES, plain_whole_call, random_inputs, whole_call_variants  # beside this script
 from json_rows import recorder
+from quantize_kernels import pass_launches
 
 
 def bench(fn):
@@ -53,27 +54,9 @@ def outer(fn):
     return call
 
 
-def pass_launches(q, k, v, inner: bool):
-    """The quantization's first pass, and its K and V pass, alone (``quantize``'s arguments for the Hopper
-    schedule), over buffers made once."""
-    B, H, S, D = q.shape
-    bm, bn = ha.ROWS_HALF, ha.ROWS_K
-    n_m, n_n = -(-S // bm), -(-S // bn)
-    qz = qa.quantize(q, k, v, "fp8", D ** -0.5, qa.KernelConfig(bm, bn), permute_v=True, sums=True)
-    k_sums, v_max = (torch.empty(1, H, n_n, D, device="cuda") for _ in range(2))
-    mean, q_programs, kv_programs = torch.zeros(H, D, device="cuda"), n_m * H, n_n * H
-
-    def first():
-        qa._first_pass_kernel[(q_programs + kv_programs,)](
-            q, qz.q, qz.q_scale, qz.q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, H, S, S,
-            qz.sq_pad, n_m, n_n, q_programs, 1.0, D=D, BLOCK_M=bm, BLOCK_N=bn, TO_INT8=False, QMAX=448.0,
-            HAS_SUMS=True, HEADS_INNER=inner, num_warps=qa.FIRST_PASS_WARPS)
-
-    def kv():
-        qa._quant_kv_kernel[(2 * kv_programs,)](
-            k, qz.k, qz.k_scale, mean, v, qz.vt, qz.v_scale, *k.stride(), *v.stride(), H, S, qz.sk_pad, n_n,
-            kv_programs, D=D, BLOCK=bn, TO_INT8=False, QMAX=448.0, PERMUTE=True, PART=0, HEADS_INNER=inner)
-    return first, kv
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``, FP8 seen as its bytes (for ``torch.equal``)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def main() -> None:
@@ -92,7 +75,9 @@ def main() -> None:
         parts = {}
         for inner in (True, False):
             name = "heads inner" if inner else "heads outer"
-            first, kv = pass_launches(q, k, v, inner)
+            passes = pass_launches(q, k, v, inner)  # at quantize's warps: the first pass at its own, K and V at 4
+            first = passes.first_pass(passes.q_programs + passes.kv_programs, passes.q_programs, qa.FIRST_PASS_WARPS)
+            kv = passes.kv(0, 4)
             parts.update({
                 ("quantize (sums)", name): lambda inner=inner: qa.quantize(q, k, v, "fp8", scale, config,
                                                                            permute_v=True, sums=True,
@@ -113,9 +98,7 @@ def main() -> None:
                 continue  # launches into buffers of their own, checked through quantize
             a, b = parts[(what, "heads inner")](), parts[(what, "heads outer")]()
             if isinstance(a, qa.Quantized):
-                same = all(torch.equal(getattr(a, f).view(torch.uint8) if getattr(a, f).dtype == torch.float8_e4m3fn
-                                       else getattr(a, f), getattr(b, f).view(torch.uint8)
-                                       if getattr(b, f).dtype == torch.float8_e4m3fn else getattr(b, f))
+                same = all(torch.equal(_bits(getattr(a, f)), _bits(getattr(b, f)))
                            for f in ("q", "q_scale", "k", "k_scale", "vt", "v_scale", "k_sums", "q_sums"))
             else:
                 same = torch.equal(a, b)

@@ -213,8 +213,8 @@ def _softmax_step(s, j, m_i, l_i, c, n_n, S_K, MASK: gl.constexpr, QUANT: gl.con
     row max as a tree (``_row_max``). ``BYTE_P``: P comes back as floats whose lowest byte is P's FP8 byte
     (``_byte_p``), with no exp2 but alpha's. ``LAZY`` (with ``BYTE_P``, or in plain mode): a row keeps its
     reference max until the block's max passes it by ``LAZY_TAU`` (``LAZY_TAU_PLAIN`` unquantized), so alpha is
-    exactly 1 on most rows and most blocks (``_rows_rescaled`` then skips the output's rescale); exact in real arithmetic, as any reference is, since P and its row sums
-    share it. ``INT_MAX`` (INT8): the row max over the integer products, three-input integer maxima where the
+    exactly 1 on most rows and most blocks (``_rows_rescaled`` then skips the output's rescale); exact in real
+    arithmetic, as any reference is, since P and its row sums share it. ``INT_MAX`` (INT8): the row max over the integer products, three-input integer maxima where the
     floats take a chain of two-input ones (``INT_MAXED``); not in the block that may be masked, where holding the
     products and their floats at once spilled. Otherwise every exp2 is MUFU's: one in 8 (or 4) by a polynomial on
     the FMA units, as FlashAttention-4 does on Blackwell, was slower in every mode on the H200 (at 02611ce;
