@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _bench(*args):
     return subprocess.run([sys.executable, "-m", "ditgate.cli.main", "bench", *args], capture_output=True,
@@ -73,3 +75,45 @@ def test_bench_model_loads_local_weights(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "bench-model-tiny-flux.json").read_text())
     assert "--weights" in data["command"] and all(r["status"] == "ok" for r in data["rows"])
+
+
+def test_bench_model_sparse_rows_say_what_served_each_site(tmp_path):
+    res = _bench("model", "--preset", "tiny-wan", "--layers", "1", "--backends", "native", "--profiles", "speed",
+                 "--sparse", "0.5", "--sparse-block", "16", "--sparse-static", "flex_sparse", "--rounds", "1",
+                 "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "bench-model-tiny-wan-1l.json").read_text())
+    rows = {r["name"]: r for r in data["rows"]}
+    assert set(rows) == {"stock native", "ditgate speed", "ditgate speed sparse 0.5",
+                         "ditgate static flex_sparse sparse 0.5"}
+    static = rows["ditgate static flex_sparse sparse 0.5"]
+    # one block left: its self-attention through the sparse form, its cross-attention on the host
+    assert static["status"] == "ok" and static["detail"].endswith("sites: flex_sparse 1, host 1")
+    assert 0.9 < static["cosine"] < 0.99999  # two 16-token tiles, one kept per row: the output changed
+    assert "blocks.0.attn1" in data["explain"]["speed sparse 0.5"]
+    assert "blocks.1" not in data["explain"]["speed sparse 0.5"]
+    assert set(data["receipts"]) == {"speed", "speed sparse 0.5"}  # a static row has no verdicts to keep
+    assert "sites served by flex_sparse 1, host 1" in res.stdout.replace("\n", " ")
+
+
+def test_bench_model_refuses_sparse_rows_it_cannot_make():
+    exact = _bench("model", "--preset", "tiny-wan", "--profiles", "quality", "--sparse", "0.3")
+    assert exact.returncode == 2 and "bounded-error" in exact.stdout
+    orphan = _bench("model", "--preset", "tiny-wan", "--sparse-static", "fp8_sparse")
+    assert orphan.returncode == 2 and "--sparse-static needs --sparse BUDGET" in orphan.stdout
+    unknown = _bench("model", "--preset", "tiny-wan", "--sparse", "0.3", "--sparse-static", "fa4")
+    assert unknown.returncode == 2 and "static sparse forms must be among" in unknown.stdout
+
+
+def test_presets_cut_to_fewer_layers():
+    from ditgate.models.presets import get_preset
+
+    wan = get_preset("wan-14b-480p-81f").with_layers(8)
+    assert wan.name == "wan-14b-480p-81f-8l" and wan.config["num_layers"] == 8
+    assert wan.config["num_attention_heads"] == 40 and wan.geometry == get_preset("wan-14b-480p-81f").geometry
+    flux = get_preset("tiny-flux")
+    assert flux.with_layers(5) is flux  # nothing to cut
+    model = get_preset("tiny-flux").with_layers(1).build()
+    assert len(model.transformer_blocks) == 1 and len(model.single_transformer_blocks) == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        wan.with_layers(0)

@@ -40,6 +40,18 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--profiles", nargs="*", default=["quality", "balanced"], help="ditgate profiles")
     m.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     m.add_argument("--steps", type=int, default=1, help="forwards per timed sample (default 1)")
+    m.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="cut each stack of transformer blocks to its first N (same per-block shapes, less time)")
+    m.add_argument("--sparse", type=float, default=None, metavar="BUDGET",
+                   help="add a row per bounded profile (balanced, speed) with the sparse stage at this budget on "
+                        "every layer but the first --dense-layers; the gate measures its forms at each site")
+    m.add_argument("--sparse-static", nargs="+", default=(), metavar="FORM",
+                   help="with --sparse, also a row per named block-sparse form serving every self-attention call "
+                        "it supports without measuring (its speed where the gate's floors would refuse it)")
+    m.add_argument("--sparse-forms", nargs="+", default=None, metavar="FORM",
+                   help="the block-sparse forms the gate may measure (default: all)")
+    m.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
+    m.add_argument("--dense-layers", type=int, default=0, help="first layers kept dense under --sparse (default 0)")
     _common(m)
     m.set_defaults(func=_run_model)
 
@@ -101,11 +113,20 @@ def _run_kernels(args) -> int:
 
 def _run_model(args) -> int:
     from ..models.presets import get_preset
-    from .bench_model import DEFAULT_BACKENDS, bench_model
+    from .bench_model import DEFAULT_BACKENDS, bench_model, ditgate_rows
 
     console = Console(width=max(Console().width, 150))
     device, dtype, out = _setup(args)
     preset = get_preset(args.preset)
+    try:
+        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static)
+        if args.layers is not None:
+            if args.weights:
+                raise ValueError("--layers cuts the preset's random-weights model; --weights loads a folder as saved")
+            preset = preset.with_layers(args.layers)
+    except ValueError as exc:  # before any model is built
+        console.print(f"ditgate bench model: {exc}", style="red")
+        return 2
     if args.weights:
         model = preset.load(args.weights, device, dtype)
     else:
@@ -113,9 +134,27 @@ def _run_model(args) -> int:
     backends = DEFAULT_BACKENDS if args.backends is None else tuple(args.backends)
     with _progress(console) as prog:
         task = prog.add_task("model", total=None)
-        rows, extra = bench_model(preset, model, device, dtype, backends, args.profiles, args.rounds, args.steps,
+        rows, extra = bench_model(preset, model, device, dtype, backends, rows_wanted, args.rounds, args.steps,
                                   forced_backends=tuple(args.backends or ()),
                                   progress=lambda text: prog.update(task, description=text))
     _emit(console, f"ditgate bench model {preset.name} ({device.type}, {_dtype_name(dtype)})",
           out / f"bench-model-{preset.name}", rows, {"preset": preset.name, **extra})
+    for r in rows:  # which route served how many sites: the table's times say how fast, this says by what
+        if "; sites: " in r.detail:
+            console.print(f"{r.name}: sites served by {r.detail.split('; sites: ', 1)[1]}")
     return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")
+
+
+def _sparse_setting(args):
+    """The sparse stage's setting from ``--sparse`` and its companions, or None; ValueError on bad values."""
+    if args.sparse is None:
+        named = [f for f, v in (("--sparse-static", args.sparse_static), ("--sparse-forms", args.sparse_forms)) if v]
+        if named:
+            raise ValueError(f"{' and '.join(named)} {'needs' if len(named) == 1 else 'need'} --sparse BUDGET")
+        return None
+    from ..sparse.schedule import BudgetSchedule
+    from ..sparse.stage import SparseSetting
+
+    schedule = BudgetSchedule(args.sparse, dense_steps=0, dense_layers=args.dense_layers)
+    forms = tuple(args.sparse_forms) if args.sparse_forms else None
+    return SparseSetting(schedule, block=args.sparse_block, **({"forms": forms} if forms else {}))

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .. import attach
-from ..gate import compare
+from .. import Plan, attach
+from ..forms import SPARSE_PRIORITY, Precision
+from ..gate import Receipt, compare, resolve_profile
 from ..hosts import model_output
 from ..models.presets import ModelPreset
+from ..sparse.stage import SparseSetting
 from .bench_output import BenchRow
 
 DEFAULT_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flex", "sage",
@@ -42,6 +45,7 @@ class _Config:
     cold_ms: float | None = None
     status: str = "ok"
     reason: str = ""
+    served: Counter | None = None  # a ditgate row's sites per the route that served them most
 
 
 def _sync(device: torch.device) -> None:
@@ -90,43 +94,107 @@ def _stock_config(model, backend: str, tokens: int, forced: bool) -> _Config:
     return cfg
 
 
+@dataclass(frozen=True)
+class DitgateRow:
+    """One ditgate row: a profile the gate measures under, optionally with the sparse stage, or one form
+    served without measuring (``static_form``: the speed a sparse consumer gives where the gate's floors
+    would refuse it, as on random weights)."""
+
+    key: str  # the row's name without "ditgate ", and its key in the JSON's "explain"
+    profile: str | None = None
+    sparse: SparseSetting | None = None
+    static_form: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"ditgate {self.key}"
+
+    def attach(self, model, receipt: Receipt | None = None) -> Plan:
+        if self.static_form is not None:
+            return attach(model, forms=[self.static_form], measure=False, sparse=self.sparse)
+        if receipt is not None:
+            return attach(model, receipt=receipt, on_new_shape="host", sparse=self.sparse)
+        return attach(model, profile=self.profile, sparse=self.sparse)
+
+
+def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
+                 static_forms: Sequence[str] = ()) -> list[DitgateRow]:
+    """A row per profile; with ``sparse``, one more per profile that allows bounded forms (the sparse forms
+    are bounded-error) and one per ``static_forms``. Raises ValueError where a sparse row was asked for and
+    none can be made, before any model is built."""
+    rows = [DitgateRow(prof, profile=prof) for prof in profiles]
+    if sparse is None:
+        if static_forms:
+            raise ValueError("static sparse rows need a sparse budget")
+        return rows
+    budget = sparse.schedule.budget
+    bounded = [p for p in profiles if Precision.BOUNDED in resolve_profile(p).precisions]
+    unknown = [f for f in static_forms if f not in SPARSE_PRIORITY]
+    if unknown:
+        raise ValueError(f"static sparse forms must be among {SPARSE_PRIORITY}, got {unknown}")
+    if not bounded and not static_forms:
+        raise ValueError(f"sparse attention is bounded-error; none of the profiles {list(profiles)} allows it "
+                         "(add balanced or speed)")
+    rows += [DitgateRow(f"{p} sparse {budget:g}", profile=p, sparse=sparse) for p in bounded]
+    rows += [DitgateRow(f"static {f} sparse {budget:g}", sparse=sparse, static_form=f) for f in static_forms]
+    return rows
+
+
+def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.device, progress,
+                    explains: dict[str, str], receipts: dict[str, Receipt]) -> _Config:
+    """Calibrate ``row`` once (its cold pass); every timed pass re-attaches from the receipt that wrote (a
+    static row attaches as it is) and, before detaching, counts the sites each route served most."""
+    cfg = _Config(row.name, "ditgate", lambda: None, lambda: None, [], [])
+    try:
+        if progress:
+            progress(f"calibrating {row.name}")
+        _sync(device)
+        t0 = time.perf_counter()
+        plan = row.attach(model)
+        with torch.no_grad():
+            model(**calib_inputs)
+        _sync(device)
+        cfg.cold_ms = (time.perf_counter() - t0) * 1e3
+        receipt = plan.receipt() if row.static_form is None else None
+        if receipt is not None:
+            receipts[row.key] = receipt
+        explains[row.key] = plan.explain()
+        plan.detach()
+    except Exception as exc:
+        cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
+        return cfg
+    holder: dict = {}
+
+    def enter():
+        holder["plan"] = row.attach(model, receipt)
+
+    def leave():
+        plan = holder.pop("plan")
+        cfg.served = Counter(s.serving for s in plan.report().sites if s.calls)
+        plan.detach()
+
+    cfg.enter, cfg.leave = enter, leave
+    return cfg
+
+
+def _served_text(served: Counter | None) -> str:
+    """"; sites: fp8_sparse 8, fa4 8": how many sites each route served most, in the last timed pass."""
+    if not served:
+        return ""
+    return "; sites: " + ", ".join(f"{route} {n}" for route, n in served.most_common())
+
+
 def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
-                backends: Sequence[str], profiles: Sequence[str], rounds: int, steps: int = 1,
-                forced_backends: Sequence[str] = (), progress=None) -> tuple[list[BenchRow], dict]:
+                backends: Sequence[str], profiles: Sequence[str] | Sequence[DitgateRow], rounds: int,
+                steps: int = 1, forced_backends: Sequence[str] = (), progress=None) -> tuple[list[BenchRow], dict]:
+    """``profiles``: profile names, or ``DitgateRow``s (``ditgate_rows``) for the sparse stage's rows."""
     tokens = preset.video_tokens + (preset.geometry.get("text", 0) if preset.family == "flux" else 0)
     configs: list[_Config] = [_stock_config(model, b, tokens, b in forced_backends) for b in backends]
-    receipts: dict[str, object] = {}
     explains: dict[str, str] = {}
+    receipts: dict[str, Receipt] = {}
     calib_inputs = preset.inputs(model, device, dtype, seed=1000)
-    for prof in profiles:
-        cfg = _Config(f"ditgate {prof}", "ditgate", lambda: None, lambda: None, [], [])
-        try:
-            if progress:
-                progress(f"calibrating ditgate profile {prof}")
-            _sync(device)
-            t0 = time.perf_counter()
-            plan = attach(model, profile=prof)
-            with torch.no_grad():
-                model(**calib_inputs)
-            _sync(device)
-            cfg.cold_ms = (time.perf_counter() - t0) * 1e3
-            receipts[prof] = plan.receipt()
-            explains[prof] = plan.explain()
-            plan.detach()
-        except Exception as exc:
-            cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
-            configs.append(cfg)
-            continue
-        holder: dict = {}
-
-        def enter(prof=prof, holder=holder):
-            holder["plan"] = attach(model, receipt=receipts[prof], on_new_shape="host")
-
-        def leave(holder=holder):
-            holder.pop("plan").detach()
-
-        cfg.enter, cfg.leave = enter, leave
-        configs.append(cfg)
+    wanted = [r if isinstance(r, DitgateRow) else DitgateRow(r, profile=r) for r in profiles]
+    configs += [_ditgate_config(row, model, calib_inputs, device, progress, explains, receipts) for row in wanted]
     runnable = [c for c in configs if c.status == "ok"]
     baseline_out: dict[int, torch.Tensor] = {}
     for r in range(rounds):
@@ -172,5 +240,5 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              cfg.cold_ms, None, statistics.median(native.samples) / med if native else None,
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
-                             detail=f"{len(cfg.samples)} rounds"))
+                             detail=f"{len(cfg.samples)} rounds" + _served_text(cfg.served)))
     return rows, {"explain": explains, "receipts": {p: r.to_json() for p, r in receipts.items()}}
