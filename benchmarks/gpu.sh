@@ -121,7 +121,8 @@
 #   bash benchmarks/gpu.sh s18-means     (carry .whl)          no fa4: Q's and K's tile means in one launch, tested and profiled
 #   bash benchmarks/gpu.sh s19-model     (carry .whl, after prep and join)  install; bench model on $PRESET (default
 #                                        LTX 2B at 27588 tokens) cut to $LAYERS blocks (default 8): stock, quality, speed,
-#                                        speed with the sparse stage at $BUDGET (default 0.3), fp8_sparse and block_sparse static
+#                                        speed with the sparse stage at $BUDGET (default 0.3), fp8_sparse and block_sparse static;
+#                                        the GPU's busy share of one forward per row
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -383,8 +384,8 @@ s19-model)  # carry .whl, after prep and join: a whole forward of the model with
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
     timeout ${LIMIT:-540} python3 -m ditgate.cli.main bench model --preset ${PRESET:-ltx-2b-1216x704x257} \
         --layers ${LAYERS:-8} --backends native _native_cudnn --profiles quality speed --sparse ${BUDGET:-0.3} \
-        --sparse-static fp8_sparse block_sparse --rounds ${ROUNDS:-3} --out "$OUT" 2>&1 | tee "$OUT/bench-model.log" \
-        | grep -v "aux_data\|exe_args\|Attention backends are" | tail -40
+        --sparse-static fp8_sparse block_sparse --rounds ${ROUNDS:-3} --gpu-busy --out "$OUT" 2>&1 \
+        | tee "$OUT/bench-model.log" | grep -v "aux_data\|exe_args\|Attention backends are" | tail -40
     ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def _bench(*args):
@@ -93,7 +94,7 @@ def test_bench_model_sparse_rows_say_what_served_each_site(tmp_path):
     assert "blocks.0.attn1" in data["explain"]["speed sparse 0.5"]
     assert "blocks.1" not in data["explain"]["speed sparse 0.5"]
     assert set(data["receipts"]) == {"speed", "speed sparse 0.5"}  # a static row has no verdicts to keep
-    assert "sites served by flex_sparse 1, host 1" in res.stdout.replace("\n", " ")
+    assert "sites: flex_sparse 1, host 1" in res.stdout.replace("\n", " ")
 
 
 def test_bench_model_refuses_sparse_rows_it_cannot_make():
@@ -117,3 +118,34 @@ def test_presets_cut_to_fewer_layers():
     assert len(model.transformer_blocks) == 1 and len(model.single_transformer_blocks) == 1
     with pytest.raises(ValueError, match="at least 1"):
         wan.with_layers(0)
+
+
+def test_gpu_busy_merges_overlapping_activities_and_says_why_it_cannot_measure():
+    from ditgate.cli.gpu_busy import busy_from_intervals, measure_gpu_busy
+
+    busy = busy_from_intervals([(500.0, 900.0), (0.0, 200.0), (100.0, 300.0), (950.0, 1000.0)])
+    assert busy.activities == 4 and busy.span_ms == pytest.approx(1.0)
+    assert busy.busy_ms == pytest.approx(0.75) and busy.idle_ms == pytest.approx(0.25)
+    assert "75.0 %" in busy.text()
+    assert busy_from_intervals([]).activities == 0
+    assert measure_gpu_busy(lambda: None, torch.device("cpu")) == "needs a CUDA device"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_busy_sees_a_wait_for_the_host():
+    import time
+
+    from ditgate.cli.gpu_busy import GpuBusy, measure_gpu_busy
+
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def two_products_apart():
+        x @ x
+        torch.cuda.synchronize()
+        time.sleep(0.02)  # the GPU has nothing to do for 20 ms
+        x @ x
+
+    busy = measure_gpu_busy(two_products_apart, torch.device("cuda"))
+    assert isinstance(busy, GpuBusy) and busy.activities >= 2
+    assert busy.idle_ms > 15 and busy.fraction < 0.9

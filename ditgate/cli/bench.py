@@ -52,6 +52,8 @@ def add_bench_parsers(sub) -> None:
                    help="the block-sparse forms the gate may measure (default: all)")
     m.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
     m.add_argument("--dense-layers", type=int, default=0, help="first layers kept dense under --sparse (default 0)")
+    m.add_argument("--gpu-busy", action="store_true",
+                   help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
     m.set_defaults(func=_run_model)
 
@@ -136,12 +138,12 @@ def _run_model(args) -> int:
         task = prog.add_task("model", total=None)
         rows, extra = bench_model(preset, model, device, dtype, backends, rows_wanted, args.rounds, args.steps,
                                   forced_backends=tuple(args.backends or ()),
-                                  progress=lambda text: prog.update(task, description=text))
+                                  progress=lambda text: prog.update(task, description=text), gpu_busy=args.gpu_busy)
     _emit(console, f"ditgate bench model {preset.name} ({device.type}, {_dtype_name(dtype)})",
           out / f"bench-model-{preset.name}", rows, {"preset": preset.name, **extra})
-    for r in rows:  # which route served how many sites: the table's times say how fast, this says by what
-        if "; sites: " in r.detail:
-            console.print(f"{r.name}: sites served by {r.detail.split('; sites: ', 1)[1]}")
+    for r in rows:  # what served how many sites, and how busy the GPU was: past the table's rounds count
+        if ";" in r.detail:
+            console.print(f"{r.name}: {r.detail.split('; ', 1)[1]}")
     return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")
 
 

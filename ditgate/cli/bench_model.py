@@ -26,6 +26,7 @@ from ..hosts import model_output
 from ..models.presets import ModelPreset
 from ..sparse.stage import SparseSetting
 from .bench_output import BenchRow
+from .gpu_busy import GpuBusy, measure_gpu_busy
 
 DEFAULT_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flex", "sage",
                     "flash_4_hub")
@@ -46,6 +47,7 @@ class _Config:
     status: str = "ok"
     reason: str = ""
     served: Counter | None = None  # a ditgate row's sites per the route that served them most
+    busy: GpuBusy | str | None = None  # the GPU's share of one pass, or why it was not measured
 
 
 def _sync(device: torch.device) -> None:
@@ -177,6 +179,23 @@ def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.de
     return cfg
 
 
+def _busy(model, inputs: dict, device: torch.device) -> GpuBusy | str:
+    def forward():
+        with torch.no_grad():
+            model(**inputs)
+
+    try:
+        return measure_gpu_busy(forward, device)
+    except Exception as exc:  # the profiler is not what is being measured: the row keeps its times
+        return f"the profiler raised {type(exc).__name__}: {exc}"[:200]
+
+
+def _busy_text(busy: GpuBusy | str | None) -> str:
+    if busy is None:
+        return ""
+    return "; " + (busy.text() if isinstance(busy, GpuBusy) else f"GPU busy not measured: {busy}")
+
+
 def _served_text(served: Counter | None) -> str:
     """"; sites: fp8_sparse 8, fa4 8": how many sites each route served most, in the last timed pass."""
     if not served:
@@ -186,8 +205,11 @@ def _served_text(served: Counter | None) -> str:
 
 def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                 backends: Sequence[str], profiles: Sequence[str] | Sequence[DitgateRow], rounds: int,
-                steps: int = 1, forced_backends: Sequence[str] = (), progress=None) -> tuple[list[BenchRow], dict]:
-    """``profiles``: profile names, or ``DitgateRow``s (``ditgate_rows``) for the sparse stage's rows."""
+                steps: int = 1, forced_backends: Sequence[str] = (), progress=None,
+                gpu_busy: bool = False) -> tuple[list[BenchRow], dict]:
+    """``profiles``: profile names, or ``DitgateRow``s (``ditgate_rows``) for the sparse stage's rows.
+    ``gpu_busy``: after the last round's timed pass, one more pass per row under the profiler, for the share of
+    its span the GPU was working (``gpu_busy.measure_gpu_busy``; not part of the timing)."""
     tokens = preset.video_tokens + (preset.geometry.get("text", 0) if preset.family == "flux" else 0)
     configs: list[_Config] = [_stock_config(model, b, tokens, b in forced_backends) for b in backends]
     explains: dict[str, str] = {}
@@ -212,6 +234,8 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                         t_cold, _, _ = _timed_forward(model, inputs, device, 1)
                         cfg.cold_ms = cfg.cold_ms if cfg.cold_ms is not None else t_cold
                     ms, peak, out = _timed_forward(model, inputs, device, steps)
+                    if gpu_busy and r == rounds - 1:
+                        cfg.busy = _busy(model, inputs, device)
                 finally:
                     cfg.leave()
             except torch.cuda.OutOfMemoryError as exc:
@@ -240,5 +264,5 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              cfg.cold_ms, None, statistics.median(native.samples) / med if native else None,
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
-                             detail=f"{len(cfg.samples)} rounds" + _served_text(cfg.served)))
+                             detail=f"{len(cfg.samples)} rounds" + _served_text(cfg.served) + _busy_text(cfg.busy)))
     return rows, {"explain": explains, "receipts": {p: r.to_json() for p, r in receipts.items()}}

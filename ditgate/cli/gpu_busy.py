@@ -1,0 +1,66 @@
+"""How much of a pass the GPU spent working: its kernels' and copies' time, merged, over the span from the first
+one's start to the last one's end.
+
+Why: the sparse forms launch several small kernels per call, and timed one call at a time the GPU waited for the
+host between them (about 0.8 ms per FP8 call at LTX's 27588 tokens, benchmarks/results/2026-12-04-h200-s18). Back to
+back the host runs ahead and those waits vanish. Whether they vanish inside a whole model forward, where other
+modules' kernels keep the GPU busy while the host launches, is what this measures (``ditgate bench model
+--gpu-busy``). The profiler adds its own host time to every launch, so the idle time it finds is an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GpuBusy:
+    span_ms: float  # first device activity's start to the last one's end
+    busy_ms: float  # the union of the device activities' intervals
+    activities: int  # kernels, copies and fills recorded
+
+    @property
+    def idle_ms(self) -> float:
+        return self.span_ms - self.busy_ms
+
+    @property
+    def fraction(self) -> float:
+        return self.busy_ms / self.span_ms if self.span_ms > 0 else 1.0
+
+    def text(self) -> str:
+        return f"GPU busy {100 * self.fraction:.1f} % of {self.span_ms:.1f} ms (idle {self.idle_ms:.2f} ms)"
+
+
+def busy_from_intervals(intervals: Iterable[tuple[float, float]]) -> GpuBusy:
+    """``intervals``: (start, end) in microseconds, in any order, overlapping where streams ran side by side."""
+    spans = sorted((s, e) for s, e in intervals if e >= s)
+    if not spans:
+        return GpuBusy(0.0, 0.0, 0)
+    busy = 0.0
+    start, end = spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            busy += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    return GpuBusy((max(e for _, e in spans) - spans[0][0]) / 1e3, busy / 1e3, len(spans))
+
+
+def measure_gpu_busy(fn: Callable[[], object], device: torch.device) -> GpuBusy | str:
+    """Run ``fn`` once under torch.profiler's CUDA activity tracing; the reason instead where it cannot."""
+    if device.type != "cuda":
+        return "needs a CUDA device"
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    busy = busy_from_intervals((e.time_range.start, e.time_range.end) for e in prof.events()
+                               if e.device_type == torch.autograd.DeviceType.CUDA)
+    return busy if busy.activities else "the profiler recorded no device activity"
