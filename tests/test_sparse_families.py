@@ -24,7 +24,8 @@ def _first_self_queries(tiny: Tiny, **overrides) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, kinds", [("tiny-wan", {"video"}), ("tiny-ltx", {"video"}),
-                                         ("tiny-flux", {"text", "image"})])
+                                         ("tiny-flux", {"text", "image"}), ("tiny-cogvideox", {"text", "video"}),
+                                         ("tiny-wan-vace", {"video"}), ("tiny-skyreels-v2", {"video"})])
 def test_the_layout_puts_every_text_token_where_the_model_keeps_it(name, kinds):
     tiny = Tiny(name)
     found = layouts_of_forward(tiny.model, (), tiny.inputs, need_grid=True)
@@ -48,7 +49,15 @@ def test_flux_text_comes_first_then_the_image_grid():
     assert layout.grid == (1, 4, 4)  # the 8x8 latent packed 2x2
 
 
-def test_an_unverified_family_has_no_layout_and_says_why():
+def test_cogvideox_text_comes_first_then_the_latent_grid():
     tiny = Tiny("tiny-cogvideox")
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs).layouts[0]
+    n_txt = tiny.inputs["encoder_hidden_states"].shape[1]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("text", n_txt), ("video", 2 * 4 * 4)]
+    assert layout.grid == (2, 4, 4) and layout.source.startswith("CogVideoX: 8 text tokens")
+
+
+def test_an_unverified_family_has_no_layout_and_says_why():
+    tiny = Tiny("tiny-pixart")
     found = layouts_of_forward(tiny.model, (), tiny.inputs)
-    assert found.layouts == () and "CogVideoXTransformer3DModel" in found.reason and "dense" in found.reason
+    assert found.layouts == () and "PixArtTransformer2DModel" in found.reason and "dense" in found.reason

@@ -36,3 +36,20 @@ def test_step_counter_runs_as_a_hook_on_a_real_denoiser():
             model(**{**inputs, "timestep": torch.tensor([t])})
     handle.remove()
     assert counter.step == 2
+
+
+def test_step_counter_finds_the_timestep_where_a_caller_passes_it_by_position():
+    from ditgate.models.presets import get_preset
+    from ditgate.sparse.schedule import timestep_position
+
+    assert [timestep_position(get_preset(n).build()) for n in ("tiny-wan", "tiny-ltx", "tiny-flux")] == [1, 2, 3]
+    model = get_preset("tiny-ltx").build()
+    inputs = get_preset("tiny-ltx").inputs(model)
+    counter = StepCounter(timestep_position(model))
+    handle = model.register_forward_pre_hook(counter.hook, with_kwargs=True)
+    rest = {k: v for k, v in inputs.items() if k not in ("hidden_states", "encoder_hidden_states", "timestep")}
+    with torch.no_grad():
+        for t in (900, 800, 700):  # LTX-Video's timestep is its third argument
+            model(inputs["hidden_states"], inputs["encoder_hidden_states"], torch.tensor([t]), **rest)
+    handle.remove()
+    assert counter.step == 2 and counter.generation == 0

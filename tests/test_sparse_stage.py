@@ -59,14 +59,43 @@ def test_the_schedule_keeps_the_first_steps_and_layers_dense_and_says_why():
 
 
 def test_an_unverified_family_stays_dense_with_the_reason():
-    tiny = get_preset("tiny-cogvideox")
+    tiny = get_preset("tiny-pixart")
     model = tiny.build()
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
     with torch.no_grad():
         model(**tiny.inputs(model))
     reasons = {r for s in _routes(plan).values() for (_, r) in s}
     plan.detach()
-    assert any("no verified token layout for CogVideoXTransformer3DModel" in r for r in reasons)
+    assert any("no verified token layout for PixArtTransformer2DModel" in r for r in reasons)
+
+
+def test_cogvideox_joint_attention_goes_sparse_with_its_text_kept_whole():
+    """CogVideoX calls F.scaled_dot_product_attention on text then video; the stage selects over the video
+    tiles only, so the text rows' outputs are exactly dense attention's."""
+    base = get_preset("tiny-cogvideox")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=4, height=16, width=16))
+    model = preset.build()
+    inputs = preset.inputs(model)  # 8 text tokens (the configuration's), then 4 x 8 x 8 = 256 video tokens
+    ref = _forward(model, inputs, 500)
+    seen = []
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    handle = model.transformer_blocks[0].attn1.register_forward_hook(lambda m, a, kw, out: seen.append(out),
+                                                                      with_kwargs=True)
+    out = _forward(model, inputs, 500)
+    routes = _routes(plan)
+    handle.remove()
+    plan.detach()
+    dense = []
+    handle = model.transformer_blocks[0].attn1.register_forward_hook(lambda m, a, kw, out: dense.append(out),
+                                                                      with_kwargs=True)
+    _forward(model, inputs, 500)
+    handle.remove()
+    assert routes["transformer_blocks.0.attn1"] == {("flex_sparse", ""): 1}
+    video, text = seen[0]  # the processor returns the video rows, then the text rows
+    assert torch.allclose(text, dense[0][1], atol=1e-5)  # text rows attend to every token
+    assert not torch.allclose(video, dense[0][0], atol=1e-3)  # video rows saw only their selected tiles
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
+    assert not torch.equal(out, ref) and cos > 0.9
 
 
 def test_the_gate_measures_sparse_forms_only_where_a_setting_asks():

@@ -17,7 +17,7 @@ import torch
 @dataclass(frozen=True)
 class ModelPreset:
     name: str
-    family: str  # "ltx" | "wan" | "flux" | "cogvideox" | "pixart"
+    family: str  # "ltx" | "wan" | "wan_vace" | "skyreels_v2" | "flux" | "cogvideox" | "pixart"
     description: str
     config: dict = field(default_factory=dict)
     geometry: dict = field(default_factory=dict)  # latent frames / height / width, text length
@@ -93,6 +93,12 @@ def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
+def _wan_vace_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    control = _rand(gen, (1, c.vace_in_channels, g["frames"], g["height"], g["width"]), device, dtype)
+    return dict(_wan_inputs(p, model, gen, device, dtype), control_hidden_states=control)
+
+
 def _flux_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     h, w, text = g["height"] // 2, g["width"] // 2, g["text"]
@@ -146,6 +152,8 @@ def _cls(name: str) -> Callable[[], type]:
 _FAMILY_CLASS = {
     "ltx": _cls("LTXVideoTransformer3DModel"),
     "wan": _cls("WanTransformer3DModel"),
+    "wan_vace": _cls("WanVACETransformer3DModel"),
+    "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
     "cogvideox": _cls("CogVideoXTransformer3DModel"),
     "pixart": _cls("PixArtTransformer2DModel"),
@@ -153,6 +161,8 @@ _FAMILY_CLASS = {
 _FAMILY_INPUTS = {
     "ltx": _ltx_inputs,
     "wan": _wan_inputs,
+    "wan_vace": _wan_vace_inputs,
+    "skyreels_v2": _wan_inputs,
     "flux": _flux_inputs,
     "cogvideox": _cogvideox_inputs,
     "pixart": _pixart_inputs,
@@ -180,6 +190,11 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(frames=2, height=4, width=4, text=8)),
         ModelPreset("tiny-wan", "wan", "Wan 2.1, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)", _TINY_WAN,
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-wan-vace", "wan_vace", "Wan VACE, 2 layers (control blocks at layer 0), 2x8x8 latent",
+                    dict(_TINY_WAN, vace_layers=[0], vace_in_channels=8),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-skyreels-v2", "skyreels_v2", "SkyReels-V2, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
+                    _TINY_WAN, dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-flux", "flux", "Flux, 1+1 layers, 2 heads x 16, 8x8 latent (16 image + 8 text)", _TINY_FLUX,
                     dict(height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-cogvideox", "cogvideox", "CogVideoX, 2 layers (calls F.scaled_dot_product_attention)",

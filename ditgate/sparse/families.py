@@ -9,6 +9,12 @@ the layout calls text at the first attention site):
   (frame, row, column) order; self-attention sees video tokens only (text enters by cross-attention).
 - LTX-Video (``LTXVideoTransformer3DModel``): packed ``hidden_states`` [B, F·H·W, C] with ``num_frames``,
   ``height``, ``width`` given; self-attention sees video tokens only.
+- Wan VACE (``WanVACETransformer3DModel``) and SkyReels-V2 (``SkyReelsV2Transformer3DModel``): Wan's
+  patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
+  SkyReels-V2's diffusion forcing passes a causal block mask, and masked calls stay dense (the router).
+- CogVideoX (``CogVideoXTransformer3DModel``): joint attention over the text stream first, then the
+  ``hidden_states`` [B, F, C, H, W] latent patchified by ``patch_size`` (and ``patch_size_t`` when the
+  configuration has one) in (frame, row, column) order.
 - Flux (``FluxTransformer2DModel``): joint attention over the text stream first, then the image tokens
   (both in the dual-stream blocks, which concatenate text before image, and in the single-stream
   blocks); the image grid comes from ``img_ids`` (one device read per forward, and only when a static
@@ -50,13 +56,14 @@ def _arg(args: tuple, kwargs: dict, name: str, index: int):
 
 def _wan(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
+    family = type(model).__name__.removesuffix("Transformer3DModel")  # Wan, WanVACE, SkyReelsV2
     if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
-        return ForwardLayouts((), "Wan: hidden_states is not a [B, C, F, H, W] tensor")
+        return ForwardLayouts((), f"{family}: hidden_states is not a [B, C, F, H, W] tensor")
     pt, ph, pw = model.config.patch_size
     _, _, f, h, w = hs.shape
     grid = (f // pt, h // ph, w // pw)
     return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), grid=grid,
-                                          source=f"Wan: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
+                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
 
 
 def _ltx(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
@@ -70,6 +77,20 @@ def _ltx(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
         return ForwardLayouts((), f"LTX-Video: grid {grid} does not cover {hs.shape[1]} tokens")
     return ForwardLayouts((TokenLayout.of(("video", hs.shape[1]), grid=grid,
                                           source=f"LTX-Video: latent grid {grid[0]}x{grid[1]}x{grid[2]}"),))
+
+
+def _cogvideox(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(ehs, torch.Tensor):
+        return ForwardLayouts((), "CogVideoX: hidden_states [B, F, C, H, W] / encoder_hidden_states missing")
+    p, pt = model.config.patch_size, model.config.patch_size_t or 1
+    _, f, _, h, w = hs.shape
+    grid = (f // pt, h // p, w // p)
+    n_txt = ehs.shape[1]
+    return ForwardLayouts((TokenLayout.of(("text", n_txt), ("video", math.prod(grid)), grid=grid,
+                                          source=f"CogVideoX: {n_txt} text tokens, then latent {f}x{h}x{w} / "
+                                                 f"patch {pt}x{p}x{p}"),))
 
 
 def _flux(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
@@ -91,6 +112,9 @@ def _flux(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
 
 FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "WanTransformer3DModel": _wan,
+    "WanVACETransformer3DModel": _wan,
+    "SkyReelsV2Transformer3DModel": _wan,
+    "CogVideoXTransformer3DModel": _cogvideox,
     "LTXVideoTransformer3DModel": _ltx,
     "FluxTransformer2DModel": _flux,
 }

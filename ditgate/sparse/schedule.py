@@ -11,6 +11,7 @@ steps; it reads the timestep once per forward (one small device-to-host read).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +40,16 @@ class BudgetSchedule:
 
 
 class StepCounter:
-    """Step index within the current generation, per denoiser (several denoisers count apart)."""
+    """Step index within the current generation, per denoiser (several denoisers count apart).
 
-    def __init__(self) -> None:
+    ``position``: where ``timestep`` comes among the forward's positional arguments, for a caller that passes
+    it by position (``timestep_position`` reads it from the signature: second for Wan, third for LTX-Video and
+    CogVideoX, fourth for Flux). Pipelines pass it by name, which is read first."""
+
+    def __init__(self, position: int | None = 1) -> None:
         self.step = -1
         self.generation = 0
+        self.position = position
         self._last: float | None = None
 
     def observe(self, timestep: object) -> int:
@@ -58,7 +64,19 @@ class StepCounter:
         return self.step
 
     def hook(self, module, args, kwargs):
-        timestep = kwargs.get("timestep", args[1] if len(args) > 1 else None)
+        timestep = kwargs.get("timestep")
+        if timestep is None and self.position is not None and len(args) > self.position:
+            timestep = args[self.position]
         if timestep is not None:
             self.observe(timestep)
         return None
+
+
+def timestep_position(model: torch.nn.Module) -> int | None:
+    """Index of ``timestep`` among ``model.forward``'s positional parameters, or None where it has none."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return positional.index("timestep") if "timestep" in positional else None

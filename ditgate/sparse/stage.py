@@ -29,7 +29,7 @@ from ..kernels.lists import KeyBlockLists
 from .families import ForwardLayouts, layouts_of_forward
 from .layout import TokenLayout
 from .patterns import PATTERNS, static_pattern
-from .schedule import BudgetSchedule, StepCounter
+from .schedule import BudgetSchedule, StepCounter, timestep_position
 from .selector import TileSelector
 
 logger = logging.getLogger("ditgate")
@@ -99,7 +99,7 @@ class SparseStage:
     # --- wiring (by the plan) ----------------------------------------------------------------------
     def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
         """Hooks on one denoiser; returns the handles (the plan removes them on detach)."""
-        counter = self._counters[name] = StepCounter()
+        counter = self._counters[name] = StepCounter(timestep_position(model))
         for path, layer in _layer_keys(module_paths).items():
             self._denoiser_of[path] = name
             self._layer_of[path] = layer
