@@ -76,10 +76,12 @@ def _random_lists(B, H, n_m, n_n, keep, seed):
 
 
 @pytest.mark.parametrize("qk", MODES)
-def test_block_sparse_equals_the_reference_under_the_expanded_mask(qk):
-    B, H, SQ, SK, D = 1, 2, 96, 130, 64
+@pytest.mark.parametrize("SQ, SK", [(96, 130), (130, 90)], ids=["keys-longer", "keys-end-before-queries"])
+def test_block_sparse_equals_the_reference_under_the_expanded_mask(qk, SQ, SK):
+    """keys-end-before-queries: a call whose key padding the sparse stage dropped (HunyuanVideo's text tail)."""
+    B, H, D = 1, 2, 64
     q, k, v = _qkv(B, H, H, SQ, SK, D, seed=7, dtype=_dtype(qk))
-    n_m, n_n = 3, 5
+    n_m, n_n = -(-SQ // CFG.block_m), -(-SK // CFG.block_n)
     idx, count = _random_lists(B, H, n_m, n_n, keep=3, seed=8)
     lists = KeyBlockLists(idx, count, CFG.block_m, CFG.block_n)
     out = quant_attention(q, k, v, qk=qk, config=CFG, kv_index=idx, kv_count=count)

@@ -61,3 +61,36 @@ def test_an_unverified_family_has_no_layout_and_says_why():
     tiny = Tiny("tiny-pixart")
     found = layouts_of_forward(tiny.model, (), tiny.inputs)
     assert found.layouts == () and "PixArtTransformer2DModel" in found.reason and "dense" in found.reason
+
+
+def test_hunyuan_video_puts_the_latent_first_then_text_then_the_masked_padding():
+    tiny = Tiny("tiny-hunyuan-video")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    layout = found.layouts[0]
+    assert found.padding_mask and layout.grid == (2, 4, 4)
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("video", 32), ("text", 6), ("padding", 2)]
+    assert layout.keys_end == 38
+    cap = CaptureForm()
+    plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
+    try:
+        tiny.forward()
+        tiny.forward(encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0)
+    finally:
+        plan.detach()
+    # each forward: the token refiner's attention over the 8 text tokens alone, then the joint blocks'
+    assert [x.shape[2] for x in cap.queries] == [8, 40, 40] * 2
+    joint, moved_joint = cap.queries[1], cap.queries[4]
+    moved = (moved_joint - joint).abs().amax(dim=(0, 1, 3)) > 1e-6
+    not_video = torch.tensor([k != "video" for k in layout.token_kinds()])
+    assert torch.equal(moved, not_video)  # text and padding rows move, video rows do not
+
+
+def test_hunyuan_video_prompts_of_different_lengths_in_one_batch_have_no_layout():
+    tiny = Tiny("tiny-hunyuan-video")
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[0, 6:] = False
+    mask[1, 5:] = False
+    inputs = {**tiny.inputs, "encoder_attention_mask": mask,
+              "encoder_hidden_states": tiny.inputs["encoder_hidden_states"].expand(2, -1, -1)}
+    found = layouts_of_forward(tiny.model, (), inputs)
+    assert found.layouts == () and "differ in length ([5, 6] tokens)" in found.reason

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ditgate
-from ditgate.gate.verdict import LESS_ACCURATE, UNSUPPORTED
+from ditgate.gate.verdict import LESS_ACCURATE, SLOWER, UNSUPPORTED
 from ditgate.models.presets import get_preset
 from ditgate.hosts import model_output
 
@@ -192,3 +192,79 @@ def test_a_consumer_that_asks_for_taller_query_tiles_gets_them():
     assert tall.seen[0].kv_count.shape[-1] == -(-256 // 48)
     cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
     assert not torch.equal(out, ref) and cos > 0.9
+
+
+def _hunyuan(frames=4, size=16):
+    base = get_preset("tiny-hunyuan-video")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=frames, height=size, width=size))
+    model = preset.build()
+    return model, preset.inputs(model)  # 4 x 8 x 8 = 256 video tokens, 6 text, 2 padding
+
+
+def test_hunyuan_video_masked_calls_go_sparse_over_the_keys_before_the_padding():
+    """HunyuanVideo hides its text padding with a boolean key mask; the stage serves those calls over the keys
+    before the padding with the selection as the only mask, and they match the host's masked attention where the
+    selection keeps everything (text rows) while video rows see only their tiles."""
+    model, inputs = _hunyuan()
+    ref = _forward(model, inputs, 500)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    seen = {}
+    block = model.transformer_blocks[0].attn
+    handle = block.register_forward_hook(lambda m, a, kw, out: seen.setdefault("sparse", out), with_kwargs=True)
+    out = _forward(model, inputs, 500)
+    routes = _routes(plan)
+    handle.remove()
+    plan.detach()
+    handle = block.register_forward_hook(lambda m, a, kw, out: seen.setdefault("dense", out), with_kwargs=True)
+    _forward(model, inputs, 500)
+    handle.remove()
+    assert routes["transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}
+    assert routes["single_transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}
+    assert routes["context_embedder.token_refiner.refiner_blocks.0.attn"] == {
+        ("host", "sparse: no layout covers a 8-token sequence"): 1}
+    (video, text), (dense_video, dense_text) = seen["sparse"], seen["dense"]
+    assert torch.allclose(text, dense_text, atol=1e-5)  # text and padding rows attend every valid key
+    assert not torch.allclose(video, dense_video, atol=1e-3)
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
+    assert not torch.equal(out, ref) and cos > 0.9
+
+
+def test_a_mask_that_hides_other_keys_than_the_padding_keeps_the_call_dense():
+    model, inputs = _hunyuan()
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    _forward(model, inputs, 500)  # the stage reads this forward's layout
+    stage = plan.sparse
+    site, path = "transformer_blocks.0.attn", "transformer_blocks.0.attn"
+    q = torch.zeros(1, 2, 264, 16)
+    good = (torch.arange(264) < 262).view(1, 1, 1, 264)
+    assert stage.padded_keys(site, path, q, good) == (262, "")
+    wrong = good.expand(2, 1, 1, 264).clone()  # a shape not checked yet: the first of each is compared
+    wrong[1, ..., 5] = False
+    other_shape = torch.zeros(1, 2, 264, 264, dtype=torch.bool)
+    keys, why = stage.padded_keys(site, path, q, wrong)
+    keys_shape, why_shape = stage.padded_keys(site, path, q, other_shape)
+    plan.detach()
+    assert keys is None and "hides other keys than the layout's padding" in why
+    assert keys_shape is None and "is not a boolean key mask [B, 1, 1, 264]" in why_shape
+
+
+def test_masked_calls_of_families_without_a_padding_layout_stay_dense():
+    model, inputs = _wan()
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    _forward(model, inputs, 500)
+    keys, why = plan.sparse.padded_keys("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 256, 16),
+                                         torch.ones(1, 1, 1, 256, dtype=torch.bool))
+    plan.detach()
+    assert keys is None and "a masked call stays dense" in why
+
+
+def test_the_gate_measures_sparse_forms_on_hunyuan_videos_masked_calls():
+    model, inputs = _hunyuan()
+    plan = ditgate.attach(model, profile="speed", forms=["sdpa_math", "flex_sparse"], sparse=_setting())
+    _forward(model, inputs, 500)
+    verdict = next(v for v in plan.chooser.verdicts.values() if v.site == "transformer_blocks.0.attn")
+    plan.detach()
+    refused = {r.form: r for r in verdict.refusals}
+    assert "mask=boolean" in verdict.shape_key
+    # timed or judged on its output (random weights: the cosine floor may refuse it), never "not supported"
+    assert "flex_sparse" not in refused or refused["flex_sparse"].kind in (LESS_ACCURATE, SLOWER)

@@ -17,7 +17,7 @@ import torch
 @dataclass(frozen=True)
 class ModelPreset:
     name: str
-    family: str  # "ltx" | "wan" | "wan_vace" | "skyreels_v2" | "flux" | "cogvideox" | "pixart"
+    family: str  # a key of _FAMILY_CLASS: "ltx", "wan", "hunyuan_video", "flux", "cogvideox", ...
     description: str
     config: dict = field(default_factory=dict)
     geometry: dict = field(default_factory=dict)  # latent frames / height / width, text length
@@ -99,6 +99,24 @@ def _wan_vace_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     return dict(_wan_inputs(p, model, gen, device, dtype), control_hidden_states=control)
 
 
+def _hunyuan_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    text = g["text"]
+    mask = torch.ones(1, text, dtype=torch.bool)
+    mask[:, text - max(1, text // 4):] = False  # padded caption tail, as a tokenizer pads
+    out = dict(
+        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        timestep=torch.tensor([500], device=device),
+        encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
+        encoder_attention_mask=mask.to(device=device),
+        pooled_projections=_rand(gen, (1, c.pooled_projection_dim), device, dtype),
+        return_dict=False,
+    )
+    if c.guidance_embeds:
+        out["guidance"] = torch.tensor([6000.0], device=device, dtype=dtype)
+    return out
+
+
 def _flux_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     h, w, text = g["height"] // 2, g["width"] // 2, g["text"]
@@ -155,6 +173,7 @@ _FAMILY_CLASS = {
     "wan_vace": _cls("WanVACETransformer3DModel"),
     "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
+    "hunyuan_video": _cls("HunyuanVideoTransformer3DModel"),
     "cogvideox": _cls("CogVideoXTransformer3DModel"),
     "pixart": _cls("PixArtTransformer2DModel"),
 }
@@ -164,6 +183,7 @@ _FAMILY_INPUTS = {
     "wan_vace": _wan_vace_inputs,
     "skyreels_v2": _wan_inputs,
     "flux": _flux_inputs,
+    "hunyuan_video": _hunyuan_video_inputs,
     "cogvideox": _cogvideox_inputs,
     "pixart": _pixart_inputs,
 }
@@ -180,6 +200,12 @@ _LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, 
 _WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
                  out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30)
 _WAN_14B = dict(_WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+_HUNYUAN_VIDEO = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
+                      num_single_layers=40, num_refiner_layers=2, patch_size=2, patch_size_t=1, text_embed_dim=4096,
+                      pooled_projection_dim=768, rope_axes_dim=(16, 56, 56), guidance_embeds=True)
+_COGVIDEOX_5B = dict(num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, num_layers=42,
+                     text_embed_dim=4096, time_embed_dim=512, max_text_seq_length=226, patch_size=2,
+                     sample_frames=49, sample_height=60, sample_width=90, use_rotary_positional_embeddings=True)
 _FLUX_DEV = dict(in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
                  joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
 
@@ -195,6 +221,12 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-skyreels-v2", "skyreels_v2", "SkyReels-V2, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
                     _TINY_WAN, dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-hunyuan-video", "hunyuan_video", "HunyuanVideo, 1+1 layers, 2 heads x 16, 2x8x8 latent "
+                    "(32 video + 8 text tokens, 2 of them padding)",
+                    dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                         num_single_layers=1, num_refiner_layers=1, text_embed_dim=16, pooled_projection_dim=8,
+                         rope_axes_dim=(4, 6, 6)),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-flux", "flux", "Flux, 1+1 layers, 2 heads x 16, 8x8 latent (16 image + 8 text)", _TINY_FLUX,
                     dict(height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-cogvideox", "cogvideox", "CogVideoX, 2 layers (calls F.scaled_dot_product_attention)",
@@ -214,6 +246,12 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(frames=21, height=60, width=104, text=512, patch_area=4)),
         ModelPreset("wan-14b-480p-81f", "wan", "Wan 2.1 14B, 832x480, 81 frames (32760 tokens)", _WAN_14B,
                     dict(frames=21, height=60, width=104, text=512, patch_area=4)),
+        ModelPreset("hunyuan-video-544x960x129", "hunyuan_video", "HunyuanVideo 13B, 960x544, 129 frames (67320 "
+                    "video + 256 text tokens)", _HUNYUAN_VIDEO, dict(frames=33, height=68, width=120, text=256,
+                                                                       patch_area=4)),
+        ModelPreset("cogvideox-5b-720x480x49", "cogvideox", "CogVideoX 5B, 720x480, 49 frames (226 text + 17550 "
+                    "video tokens; the rotary embedding its pipeline passes is left out)", _COGVIDEOX_5B,
+                    dict(frames=13, height=60, width=90, text=226, patch_area=4)),
         ModelPreset("flux-dev-1024", "flux", "Flux.1-dev, 1024x1024 (4096 image + 512 text tokens)", _FLUX_DEV,
                     dict(height=128, width=128, text=512, patch_area=4)),
     )

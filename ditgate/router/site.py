@@ -101,21 +101,35 @@ class SiteRouter:
         call then stays dense: on the host when serving, a refusal when measuring). Other forms get
         the call unchanged. A consumer that quantizes Q and K pools them for the selector in that same
         pass (``Form.pool_for_selection``); what it made rides along as ``AttentionInputs.prepared``.
+
+        A call whose boolean mask hides only the padding at the end of its layout (``SparseStage.padded_keys``)
+        is served as attention over the keys before the padding, with the selection and no mask. Its selector
+        pools for itself: a consumer's pooling would quantize the padding's keys with the rest.
         """
-        if not form.spec.takes_selection or call.mask is not MaskKind.NONE:
+        if not form.spec.takes_selection or call.mask not in (MaskKind.NONE, MaskKind.BOOLEAN):
             return call, inputs, ""
         stage = self.context.sparse
         if stage is None:
+            if call.mask is MaskKind.BOOLEAN:
+                return call, inputs, ""
             return call, inputs, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))"
+        keys_end = None
+        if call.mask is MaskKind.BOOLEAN:
+            keys_end, why = stage.padded_keys(self.name, self.module_path, inputs.query, inputs.attn_mask)
+            if keys_end is None:
+                return call, inputs, f"sparse: {why}"
         block = stage.setting.block
         rows = form.selection_rows(call, block)
+        pool = None if keys_end is not None else (lambda: form.pool_for_selection(call, inputs, rows or block, block))
         sel = stage.selection(self.name, self.module_path, self.role or self.role_hint, inputs.query, inputs.key,
-                              measuring, rows=rows,
-                              pool=lambda: form.pool_for_selection(call, inputs, rows or block, block))
+                              measuring, rows=rows, pool=pool)
         if sel.lists is None:
             return call, inputs, f"sparse: {sel.reason}"
-        return (dataclasses.replace(call, mask=MaskKind.BLOCK),
-                dataclasses.replace(inputs, attn_mask=sel.lists, prepared=sel.prepared), "")
+        key, value = inputs.key, inputs.value
+        if keys_end is not None:
+            key, value = key[:, :, :keys_end], value[:, :, :keys_end]
+        return (dataclasses.replace(call, mask=MaskKind.BLOCK, seq_kv=key.shape[2]),
+                dataclasses.replace(inputs, key=key, value=value, attn_mask=sel.lists, prepared=sel.prepared), "")
 
     # --- the call path ---------------------------------------------------------------------------
     def _observe(self, call: AttentionCall, route: str, reason: str) -> None:

@@ -23,8 +23,9 @@ class StaticChooser:
         for name in self.order:
             probe = call
             takes_selection = site.context.forms[name].spec.takes_selection
-            if takes_selection and call.mask is MaskKind.NONE and site.context.sparse is not None:
-                probe = dataclasses.replace(call, mask=MaskKind.BLOCK)  # the stage selects at serve time
+            if (takes_selection and call.mask in (MaskKind.NONE, MaskKind.BOOLEAN)
+                    and site.context.sparse is not None):  # the stage selects at serve time, or says why not
+                probe = dataclasses.replace(call, mask=MaskKind.BLOCK)
             reasons = site.usable(name, probe)
             if not reasons:
                 return Decision(name)

@@ -15,6 +15,11 @@ the layout calls text at the first attention site):
 - CogVideoX (``CogVideoXTransformer3DModel``): joint attention over the text stream first, then the
   ``hidden_states`` [B, F, C, H, W] latent patchified by ``patch_size`` (and ``patch_size_t`` when the
   configuration has one) in (frame, row, column) order.
+- HunyuanVideo (``HunyuanVideoTransformer3DModel``): joint attention over the patchified latent first, then the
+  text stream, whose tail past ``encoder_attention_mask``'s count is padding. The host passes a boolean key mask
+  [B, 1, 1, S] that hides exactly that padding (``padding_mask``): the stage serves such a call as attention over
+  the keys before the padding, with no mask. The count is one device read per forward; a batch whose items differ
+  in it has no layout.
 - Flux (``FluxTransformer2DModel``): joint attention over the text stream first, then the image tokens
   (both in the dual-stream blocks, which concatenate text before image, and in the single-stream
   blocks); the image grid comes from ``img_ids`` (one device read per forward, and only when a static
@@ -40,6 +45,9 @@ class ForwardLayouts:
 
     layouts: tuple[TokenLayout, ...]
     reason: str = ""
+    # a boolean key mask this family passes with these sequences hides exactly their trailing padding (verified on
+    # the real class); the stage still checks the first mask it meets per layout against it
+    padding_mask: bool = False
 
     def for_length(self, n: int) -> TokenLayout | None:
         for lay in self.layouts:
@@ -93,6 +101,29 @@ def _cogvideox(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
                                                  f"patch {pt}x{p}x{p}"),))
 
 
+def _hunyuan_video(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs = _arg(args, kwargs, "encoder_hidden_states", 2)
+    mask = _arg(args, kwargs, "encoder_attention_mask", 3)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(ehs, torch.Tensor):
+        return ForwardLayouts((), "HunyuanVideo: hidden_states [B, C, F, H, W] / encoder_hidden_states missing")
+    n_txt = ehs.shape[1]
+    if not isinstance(mask, torch.Tensor) or mask.shape != ehs.shape[:2]:
+        return ForwardLayouts((), "HunyuanVideo: encoder_attention_mask [B, text] missing")
+    counts = set(mask.sum(dim=1, dtype=torch.int64).tolist())  # one device read per forward
+    if len(counts) != 1:
+        return ForwardLayouts((), f"HunyuanVideo: the batch's prompts differ in length ({sorted(counts)} tokens)")
+    valid = counts.pop()
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    _, _, f, h, w = hs.shape
+    grid = (f // pt, h // p, w // p)
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("text", valid), ("padding", n_txt - valid),
+                                          grid=grid,
+                                          source=f"HunyuanVideo: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then "
+                                                 f"{valid} text tokens and {n_txt - valid} of padding"),),
+                          padding_mask=True)
+
+
 def _flux(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
@@ -115,6 +146,7 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "WanVACETransformer3DModel": _wan,
     "SkyReelsV2Transformer3DModel": _wan,
     "CogVideoXTransformer3DModel": _cogvideox,
+    "HunyuanVideoTransformer3DModel": _hunyuan_video,
     "LTXVideoTransformer3DModel": _ltx,
     "FluxTransformer2DModel": _flux,
 }

@@ -62,6 +62,12 @@ class TokenLayout:
         """Video tokens first, then (kind, count) stretches."""
         return cls.of(("video", video), *rest, grid=grid, source=source)
 
+    @property
+    def keys_end(self) -> int:
+        """Where the keys a query may see end: before a trailing padding segment, if there is one."""
+        last = self.segments[-1] if self.segments else None
+        return last.start if last is not None and last.kind == "padding" else self.length
+
     def visual(self) -> Segment | None:
         """The one video/image segment (None when there is none or more than one)."""
         found = [s for s in self.segments if s.kind in SPARSIFIABLE]
