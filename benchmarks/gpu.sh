@@ -122,7 +122,8 @@
 #   bash benchmarks/gpu.sh s19-model     (carry .whl, after prep and join)  install; bench model on $PRESET (default
 #                                        LTX 2B at 27588 tokens) cut to $LAYERS blocks (default 8): stock, quality, speed,
 #                                        speed with the sparse stage at $BUDGET (default 0.3), fp8_sparse and block_sparse static;
-#                                        the GPU's busy share of one forward per row
+#                                        the GPU's busy share of one forward per row; first (unless NO_TESTS=1)
+#                                        the Hopper lists over keys that end before the queries (HunyuanVideo's)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -382,6 +383,8 @@ s19-model)  # carry .whl, after prep and join: a whole forward of the model with
     # and ditgate's dense profiles, fa4 among the forms the gate measures
     [ -f "$SITE/.with-cu13" ] || install
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    [ -n "${NO_TESTS:-}" ] || timeout 120 python3 -m pytest -q tests/test_hopper_kernel.py -k "keys_that_end_before" \
+        --tb=short 2>&1 | grep -v "aux_data\|exe_args" | tail -8 | tee "$OUT/pytest.txt"
     timeout ${LIMIT:-540} python3 -m ditgate.cli.main bench model --preset ${PRESET:-ltx-2b-1216x704x257} \
         --layers ${LAYERS:-8} --backends native _native_cudnn --profiles quality speed --sparse ${BUDGET:-0.3} \
         --sparse-static fp8_sparse block_sparse --rounds ${ROUNDS:-3} --gpu-busy --out "$OUT" 2>&1 \
