@@ -257,7 +257,7 @@ PRESETS: dict[str, ModelPreset] = {
     )
 }
 
-DEMO_PRESETS = ("tiny-ltx", "tiny-wan", "tiny-flux")
+DEMO_PRESETS = ("tiny-ltx", "tiny-wan", "tiny-hunyuan-video", "tiny-flux")
 
 
 def get_preset(name: str) -> ModelPreset:
