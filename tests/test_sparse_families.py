@@ -94,3 +94,23 @@ def test_hunyuan_video_prompts_of_different_lengths_in_one_batch_have_no_layout(
               "encoder_hidden_states": tiny.inputs["encoder_hidden_states"].expand(2, -1, -1)}
     found = layouts_of_forward(tiny.model, (), inputs)
     assert found.layouts == () and "differ in length ([5, 6] tokens)" in found.reason
+
+
+def test_ltx2_layouts_describe_the_video_self_attention_only():
+    """LTX-2's audio stream could match the video's length: only its ``attn1`` modules get the video layout."""
+    tiny = Tiny("tiny-ltx2")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    assert found.modules == ("attn1",) and found.layouts[0].grid == (2, 4, 4)
+    layout, why = found.for_call("transformer_blocks.0.attn1", 32)
+    assert layout is not None and layout.visual().end == 32 and not why
+    assert found.for_call("transformer_blocks.0.audio_attn1", 32) == (
+        None, "the layouts describe the attn1 modules' sequences only")
+    cap = CaptureForm()
+    plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
+    try:
+        tiny.forward()
+        tiny.forward(encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0)
+    finally:
+        plan.detach()
+    video = [x for x in cap.queries if x.shape[2] == 32]
+    assert torch.equal(video[0], video[len(video) // 2])  # the text does not reach the video self-attention

@@ -268,3 +268,18 @@ def test_the_gate_measures_sparse_forms_on_hunyuan_videos_masked_calls():
     assert "mask=boolean" in verdict.shape_key
     # timed or judged on its output (random weights: the cosine floor may refuse it), never "not supported"
     assert "flex_sparse" not in refused or refused["flex_sparse"].kind in (LESS_ACCURATE, SLOWER)
+
+
+def test_ltx2_video_self_attention_goes_sparse_and_the_audio_stream_stays_dense():
+    preset = get_preset("tiny-ltx2")
+    model = preset.build()
+    inputs = preset.inputs(model)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    with torch.no_grad():
+        model(**inputs)
+    routes = _routes(plan)
+    plan.detach()
+    assert routes["transformer_blocks.0.attn1"] == {("flex_sparse", ""): 1}
+    assert routes["transformer_blocks.0.audio_attn1"] == {
+        ("host", "sparse: the layouts describe the attn1 modules' sequences only"): 1}
+    assert routes["transformer_blocks.0.audio_to_video_attn"] == {("host", "sparse: cross-attention stays dense"): 1}

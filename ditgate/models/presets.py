@@ -83,6 +83,20 @@ def _ltx_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
+def _ltx2_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    f, h, w, text, audio = g["frames"], g["height"], g["width"], g["text"], g["audio"]
+    return dict(
+        hidden_states=_rand(gen, (1, f * h * w, c.in_channels), device, dtype),
+        audio_hidden_states=_rand(gen, (1, audio, c.audio_in_channels), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.caption_channels), device, dtype),
+        audio_encoder_hidden_states=_rand(gen, (1, text, c.caption_channels), device, dtype),
+        timestep=torch.tensor([500.0], device=device),
+        num_frames=f, height=h, width=w, audio_num_frames=audio,
+        return_dict=False,
+    )
+
+
 def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     return dict(
@@ -169,6 +183,7 @@ def _cls(name: str) -> Callable[[], type]:
 
 _FAMILY_CLASS = {
     "ltx": _cls("LTXVideoTransformer3DModel"),
+    "ltx2": _cls("LTX2VideoTransformer3DModel"),
     "wan": _cls("WanTransformer3DModel"),
     "wan_vace": _cls("WanVACETransformer3DModel"),
     "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
@@ -179,6 +194,7 @@ _FAMILY_CLASS = {
 }
 _FAMILY_INPUTS = {
     "ltx": _ltx_inputs,
+    "ltx2": _ltx2_inputs,
     "wan": _wan_inputs,
     "wan_vace": _wan_vace_inputs,
     "skyreels_v2": _wan_inputs,
@@ -214,6 +230,12 @@ PRESETS: dict[str, ModelPreset] = {
     for p in (
         ModelPreset("tiny-ltx", "ltx", "LTX-Video, 2 layers, 2 heads x 16, 2x4x4 latent (32 tokens)", _TINY_LTX,
                     dict(frames=2, height=4, width=4, text=8)),
+        ModelPreset("tiny-ltx2", "ltx2", "LTX-2 (video and audio), 1 layer, 2 heads x 16, 2x4x4 latent, 10 audio "
+                    "frames", dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+                                   cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8,
+                                   audio_num_attention_heads=2, audio_attention_head_dim=16,
+                                   audio_cross_attention_dim=32, num_layers=1, caption_channels=16),
+                    dict(frames=2, height=4, width=4, text=8, audio=10)),
         ModelPreset("tiny-wan", "wan", "Wan 2.1, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)", _TINY_WAN,
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-wan-vace", "wan_vace", "Wan VACE, 2 layers (control blocks at layer 0), 2x8x8 latent",

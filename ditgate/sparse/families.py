@@ -12,6 +12,8 @@ the layout calls text at the first attention site):
 - Wan VACE (``WanVACETransformer3DModel``) and SkyReels-V2 (``SkyReelsV2Transformer3DModel``): Wan's
   patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
   SkyReels-V2's diffusion forcing passes a causal block mask, and masked calls stay dense (the router).
+- LTX-2 (``LTX2VideoTransformer3DModel``): the video stream as LTX-Video packs it, for the video self-attention
+  (``attn1``) only; the audio stream's self-attention and the cross-modal attention stay dense.
 - CogVideoX (``CogVideoXTransformer3DModel``): joint attention over the text stream first, then the
   ``hidden_states`` [B, F, C, H, W] latent patchified by ``patch_size`` (and ``patch_size_t`` when the
   configuration has one) in (frame, row, column) order.
@@ -30,6 +32,7 @@ Any other class has no layout: its sites stay dense and say so.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,11 +52,24 @@ class ForwardLayouts:
     # the real class); the stage still checks the first mask it meets per layout against it
     padding_mask: bool = False
 
+    # the attention modules (last component of their path) the layouts describe; None: every module whose
+    # sequence has a layout's length. LTX-2's audio stream could have the video's length by chance.
+    modules: tuple[str, ...] | None = None
+
     def for_length(self, n: int) -> TokenLayout | None:
         for lay in self.layouts:
             if lay.length == n:
                 return lay
         return None
+
+    def for_call(self, module_path: str, n: int) -> tuple[TokenLayout | None, str]:
+        """The layout of a call at ``module_path`` over ``n`` tokens, or None and why there is none."""
+        if self.modules is not None and module_path.rsplit(".", 1)[-1] not in self.modules:
+            return None, f"the layouts describe the {', '.join(self.modules)} modules' sequences only"
+        layout = self.for_length(n)
+        if layout is None:
+            return None, self.reason or f"no layout covers a {n}-token sequence"
+        return layout, ""
 
 
 def _arg(args: tuple, kwargs: dict, name: str, index: int):
@@ -74,17 +90,23 @@ def _wan(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
                                           source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
 
 
-def _ltx(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+def _ltx(model, args, kwargs, need_grid: bool, family: str = "LTX-Video") -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     f, h, w = (kwargs.get(k) for k in ("num_frames", "height", "width"))
     if not isinstance(hs, torch.Tensor) or None in (f, h, w):
-        return ForwardLayouts((), "LTX-Video: num_frames, height and width were not passed")
+        return ForwardLayouts((), f"{family}: num_frames, height and width were not passed")
     p, pt = model.config.patch_size, model.config.patch_size_t
     grid = (int(f) // pt, int(h) // p, int(w) // p)
     if math.prod(grid) != hs.shape[1]:
-        return ForwardLayouts((), f"LTX-Video: grid {grid} does not cover {hs.shape[1]} tokens")
+        return ForwardLayouts((), f"{family}: grid {grid} does not cover {hs.shape[1]} tokens")
     return ForwardLayouts((TokenLayout.of(("video", hs.shape[1]), grid=grid,
-                                          source=f"LTX-Video: latent grid {grid[0]}x{grid[1]}x{grid[2]}"),))
+                                          source=f"{family}: latent grid {grid[0]}x{grid[1]}x{grid[2]}"),))
+
+
+def _ltx2(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+    """The video stream as LTX-Video packs it; its self-attention modules are ``attn1``. The audio stream's
+    (``audio_attn1``) and the cross-modal modules stay dense."""
+    return dataclasses.replace(_ltx(model, args, kwargs, need_grid, family="LTX-2"), modules=("attn1",))
 
 
 def _cogvideox(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
@@ -148,6 +170,7 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "CogVideoXTransformer3DModel": _cogvideox,
     "HunyuanVideoTransformer3DModel": _hunyuan_video,
     "LTXVideoTransformer3DModel": _ltx,
+    "LTX2VideoTransformer3DModel": _ltx2,
     "FluxTransformer2DModel": _flux,
 }
 

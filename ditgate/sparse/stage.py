@@ -135,9 +135,8 @@ class SparseStage:
         forward = self._forward.get(denoiser)
         if forward is None:
             return self._dense(site_name, q, "no forward seen yet, so no layout", 1.0)
-        layout = forward.for_length(q.shape[2])
+        layout, why = forward.for_call(module_path, q.shape[2])
         if layout is None:
-            why = forward.reason or f"no layout covers a {q.shape[2]}-token sequence"
             return self._dense(site_name, q, why, 1.0)
         step = self._counters[denoiser].step
         budget = schedule.budget if measuring else schedule.budget_for(max(step, 0), layer)
@@ -178,9 +177,9 @@ class SparseStage:
         if forward is None or not forward.padding_mask:
             return self._padded_dense(site_name, q, "a masked call stays dense (no verified layout says what its "
                                                     "mask hides)")
-        layout = forward.for_length(n)
+        layout, why = forward.for_call(module_path, n)
         if layout is None:
-            return self._padded_dense(site_name, q, forward.reason or f"no layout covers a {n}-token sequence")
+            return self._padded_dense(site_name, q, why)
         if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4
                 or tuple(mask.shape[1:]) != (1, 1, n)):
             shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
