@@ -28,7 +28,7 @@ def _first_self_queries(tiny: Tiny, **overrides) -> torch.Tensor:
                                          ("tiny-wan-vace", {"video"}), ("tiny-skyreels-v2", {"video"})])
 def test_the_layout_puts_every_text_token_where_the_model_keeps_it(name, kinds):
     tiny = Tiny(name)
-    found = layouts_of_forward(tiny.model, (), tiny.inputs, need_grid=True)
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
     assert not found.reason and len(found.layouts) == 1
     layout = found.layouts[0]
     assert {s.kind for s in layout.segments} == kinds
@@ -43,7 +43,7 @@ def test_the_layout_puts_every_text_token_where_the_model_keeps_it(name, kinds):
 
 def test_flux_text_comes_first_then_the_image_grid():
     tiny = Tiny("tiny-flux")
-    layout = layouts_of_forward(tiny.model, (), tiny.inputs, need_grid=True).layouts[0]
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs).layouts[0]
     n_txt = tiny.inputs["encoder_hidden_states"].shape[1]
     assert layout.segments[0].kind == "text" and layout.segments[0].end == n_txt
     assert layout.grid == (1, 4, 4)  # the 8x8 latent packed 2x2
@@ -114,3 +114,26 @@ def test_ltx2_layouts_describe_the_video_self_attention_only():
         plan.detach()
     video = [x for x in cap.queries if x.shape[2] == 32]
     assert torch.equal(video[0], video[len(video) // 2])  # the text does not reach the video self-attention
+
+
+def test_flux_kontext_reference_tokens_close_the_image_stream_and_stay_dense():
+    """Flux Kontext appends a reference image's tokens after the latent's, with index 1 in the ids' first column:
+    the layout calls them conditioning (dense), and they are the rows that move when only the reference does."""
+    tiny = Tiny("tiny-flux")
+    hs, ids = tiny.inputs["hidden_states"], tiny.inputs["img_ids"]
+    ref_ids = ids.clone()
+    ref_ids[:, 0] = 1
+    inputs = {**tiny.inputs, "hidden_states": torch.cat([hs, torch.randn_like(hs)], 1),
+              "img_ids": torch.cat([ids, ref_ids], 0)}
+    layout = layouts_of_forward(tiny.model, (), inputs).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("text", 8), ("image", 16), ("conditioning", 16)]
+    assert layout.grid == (1, 4, 4) and "16 reference-image tokens kept dense" in layout.source
+    q = _first_self_queries(tiny, **inputs)
+    moved_ref = {**inputs, "hidden_states": inputs["hidden_states"].clone()}
+    moved_ref["hidden_states"][:, 16:] += 1.0
+    moved = (_first_self_queries(tiny, **moved_ref) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+    assert q.shape[2] == layout.length
+    assert torch.equal(moved, torch.tensor([k == "conditioning" for k in layout.token_kinds()]))
+    scrambled = {**inputs, "img_ids": torch.cat([ref_ids, ids], 0)}  # reference first: not how Kontext packs
+    found = layouts_of_forward(tiny.model, (), scrambled)
+    assert found.layouts == () and "do not close the image stream" in found.reason

@@ -24,8 +24,8 @@ the layout calls text at the first attention site):
   in it has no layout.
 - Flux (``FluxTransformer2DModel``): joint attention over the text stream first, then the image tokens
   (both in the dual-stream blocks, which concatenate text before image, and in the single-stream
-  blocks); the image grid comes from ``img_ids`` (one device read per forward, and only when a static
-  pattern needs the grid).
+  blocks). ``img_ids`` give the image grid and, where Flux Kontext appends a reference image's tokens (index 1 in
+  the ids' first column), where that conditioning starts: it is kept dense. One device read per forward.
 
 Any other class has no layout: its sites stay dense and say so.
 """
@@ -78,7 +78,7 @@ def _arg(args: tuple, kwargs: dict, name: str, index: int):
     return args[index] if len(args) > index else None
 
 
-def _wan(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+def _wan(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     family = type(model).__name__.removesuffix("Transformer3DModel")  # Wan, WanVACE, SkyReelsV2
     if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
@@ -90,7 +90,7 @@ def _wan(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
                                           source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
 
 
-def _ltx(model, args, kwargs, need_grid: bool, family: str = "LTX-Video") -> ForwardLayouts:
+def _ltx(model, args, kwargs, family: str = "LTX-Video") -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     f, h, w = (kwargs.get(k) for k in ("num_frames", "height", "width"))
     if not isinstance(hs, torch.Tensor) or None in (f, h, w):
@@ -103,13 +103,13 @@ def _ltx(model, args, kwargs, need_grid: bool, family: str = "LTX-Video") -> For
                                           source=f"{family}: latent grid {grid[0]}x{grid[1]}x{grid[2]}"),))
 
 
-def _ltx2(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+def _ltx2(model, args, kwargs) -> ForwardLayouts:
     """The video stream as LTX-Video packs it; its self-attention modules are ``attn1``. The audio stream's
     (``audio_attn1``) and the cross-modal modules stay dense."""
-    return dataclasses.replace(_ltx(model, args, kwargs, need_grid, family="LTX-2"), modules=("attn1",))
+    return dataclasses.replace(_ltx(model, args, kwargs, family="LTX-2"), modules=("attn1",))
 
 
-def _cogvideox(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+def _cogvideox(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
     if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(ehs, torch.Tensor):
@@ -123,7 +123,7 @@ def _cogvideox(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
                                                  f"patch {pt}x{p}x{p}"),))
 
 
-def _hunyuan_video(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+def _hunyuan_video(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     ehs = _arg(args, kwargs, "encoder_hidden_states", 2)
     mask = _arg(args, kwargs, "encoder_attention_mask", 3)
@@ -146,21 +146,28 @@ def _hunyuan_video(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
                           padding_mask=True)
 
 
-def _flux(model, args, kwargs, need_grid: bool) -> ForwardLayouts:
+def _flux(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
     if not isinstance(hs, torch.Tensor) or not isinstance(ehs, torch.Tensor):
         return ForwardLayouts((), "Flux: hidden_states / encoder_hidden_states missing")
     n_img, n_txt = hs.shape[1], ehs.shape[1]
-    grid = None
     ids = kwargs.get("img_ids")
-    if need_grid and isinstance(ids, torch.Tensor) and ids.shape[0] == n_img:
-        ids = ids[0] if ids.dim() == 3 else ids
-        rows = int(ids[:, 1].max().item()) + 1  # one device read per forward, only for static patterns
-        if rows > 0 and n_img % rows == 0:
-            grid = (1, rows, n_img // rows)
-    return ForwardLayouts((TokenLayout.of(("text", n_txt), ("image", n_img), grid=grid,
-                                          source=f"Flux: {n_txt} text tokens, then {n_img} image tokens"),))
+    ids = ids[0] if isinstance(ids, torch.Tensor) and ids.dim() == 3 else ids
+    if not isinstance(ids, torch.Tensor) or ids.shape[0] != n_img:
+        return ForwardLayouts((TokenLayout.of(("text", n_txt), ("image", n_img),
+                                              source=f"Flux: {n_txt} text tokens, then {n_img} image tokens"),))
+    ref = ids[:, 0] != 0  # Flux Kontext's reference images: index 1 in the ids' first column, after the latent
+    # one device read per forward: how many reference tokens, where the first one is, the generated image's rows
+    n_ref, first, last_row = (int(x) for x in torch.stack(
+        [ref.sum().double(), ref.int().argmax().double(), ids[:, 1].masked_fill(ref, -1).max().double()]).tolist())
+    if n_ref and first != n_img - n_ref:
+        return ForwardLayouts((), "Flux: the reference-image tokens do not close the image stream")
+    n_gen, rows = n_img - n_ref, last_row + 1
+    grid = (1, rows, n_gen // rows) if rows > 0 and n_gen % rows == 0 else None
+    ref_text = f", then {n_ref} reference-image tokens kept dense" if n_ref else ""
+    return ForwardLayouts((TokenLayout.of(("text", n_txt), ("image", n_gen), ("conditioning", n_ref), grid=grid,
+                                          source=f"Flux: {n_txt} text tokens, then {n_gen} image tokens{ref_text}"),))
 
 
 FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
@@ -175,10 +182,10 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
 }
 
 
-def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict, need_grid: bool = False) -> ForwardLayouts:
+def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> ForwardLayouts:
     """The layouts of ``model``'s self-attention sequences for this forward's arguments."""
     reader = FAMILIES.get(type(model).__name__)
     if reader is None:
         return ForwardLayouts((), f"no verified token layout for {type(model).__name__} "
                                   f"(verified: {', '.join(FAMILIES)}); its attention stays dense")
-    return reader(model, args, kwargs, need_grid)
+    return reader(model, args, kwargs)

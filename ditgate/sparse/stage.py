@@ -106,11 +106,10 @@ class SparseStage:
         for path, layer in _layer_keys(module_paths).items():
             self._denoiser_of[path] = name
             self._layer_of[path] = layer
-        need_grid = self.setting.pattern != SELECTED
 
         def pre(module, args, kwargs):
             counter.hook(module, args, kwargs)
-            self._forward[name] = layouts_of_forward(module, args, kwargs, need_grid)
+            self._forward[name] = layouts_of_forward(module, args, kwargs)
             return None
 
         return [model.register_forward_pre_hook(pre, with_kwargs=True)]
