@@ -283,3 +283,16 @@ def test_ltx2_video_self_attention_goes_sparse_and_the_audio_stream_stays_dense(
     assert routes["transformer_blocks.0.audio_attn1"] == {
         ("host", "sparse: the layouts describe the attn1 modules' sequences only"): 1}
     assert routes["transformer_blocks.0.audio_to_video_attn"] == {("host", "sparse: cross-attention stays dense"): 1}
+
+
+def test_explain_says_what_layout_the_stage_read():
+    model, inputs = _hunyuan()
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    before = plan.report().sparse
+    _forward(model, inputs, 500)
+    text, report = plan.explain(), plan.report()
+    plan.detach()
+    assert before.layouts == (("", "no forward seen yet"),)
+    assert report.sparse.setting.startswith("selected, budget 0.3")
+    assert "[video 256 | text 6 | padding 2, grid 4x8x8]" in text
+    assert report.to_dict()["sparse"]["layouts"][0][1].startswith("HunyuanVideo: latent 4x16x16")

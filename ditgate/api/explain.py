@@ -62,6 +62,9 @@ def explain(report: PlanReport, width: int = 220) -> str:
             f"PSNR {w.psnr_db:.1f} dB, {'passed' if w.passed else 'FAILED'} after {w.attempts} attempt(s): {w.note}"
             + (f"; reverted {len(w.reverted)} route(s)" if w.reverted else "")
         )
+    if report.sparse is not None:
+        for name, text in report.sparse.layouts:
+            lines.append(f"sparse stage ({report.sparse.setting}), layout of {name or 'the model'}: {text}")
     for sk in report.skipped:
         lines.append(f"not intercepted: {sk.path}: {sk.reason}")
     if report.profile:

@@ -39,7 +39,7 @@ from ..hosts import denoisers_of, find_attention_modules, is_routed, model_outpu
 from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..sparse.stage import SparseSetting, SparseStage
 from .explain import explain as render_explain
-from .report import PlanReport, SiteRecord, SkippedModule
+from .report import PlanReport, SiteRecord, SkippedModule, SparseRecord
 
 logger = logging.getLogger("ditgate")
 
@@ -240,6 +240,7 @@ class Plan:
             whole_model=tuple(self._whole),
             environment=environment(self.device),
             detached=self._detached,
+            sparse=SparseRecord(*self.context.sparse.describe()) if self.context.sparse is not None else None,
         )
 
     def explain(self) -> str:

@@ -36,6 +36,14 @@ class SkippedModule:
 
 
 @dataclass(frozen=True)
+class SparseRecord:
+    """The sparse stage of a plan: its setting, and per denoiser the token layouts its last forward declared."""
+
+    setting: str
+    layouts: tuple[tuple[str, str], ...]  # (denoiser, its layouts in words, or why it has none)
+
+
+@dataclass(frozen=True)
 class PlanReport:
     ditgate_version: str
     mode: str  # "measured" | "static" | "receipt"
@@ -47,6 +55,7 @@ class PlanReport:
     whole_model: tuple[WholeModelCheck, ...]
     environment: dict
     detached: bool
+    sparse: SparseRecord | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

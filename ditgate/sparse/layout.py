@@ -68,6 +68,11 @@ class TokenLayout:
         last = self.segments[-1] if self.segments else None
         return last.start if last is not None and last.kind == "padding" else self.length
 
+    def summary(self) -> str:
+        """"video 32 | text 6 | padding 2, grid 2x4x4": the segments in order, for explain()."""
+        text = " | ".join(f"{seg.kind} {seg.end - seg.start}" for seg in self.segments)
+        return text + (f", grid {'x'.join(map(str, self.grid))}" if self.grid else "")
+
     def visual(self) -> Segment | None:
         """The one video/image segment (None when there is none or more than one)."""
         found = [s for s in self.segments if s.kind in SPARSIFIABLE]

@@ -215,3 +215,22 @@ class SparseStage:
     def layouts(self) -> dict[str, ForwardLayouts]:
         """The layouts each denoiser's last forward declared (for explain and tests)."""
         return dict(self._forward)
+
+    def describe(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The setting in words, and per denoiser what its last forward's layouts were (or why there were none):
+        what ``Plan.explain()`` shows under its table."""
+        st, sch = self.setting, self.setting.schedule
+        setting = (f"{st.pattern}, budget {sch.budget:g} (dense: first {sch.dense_steps} steps, first "
+                   f"{sch.dense_layers} layers), {st.block}-token key tiles")
+        found = []
+        for name in self._counters:
+            forward = self._forward.get(name)
+            if forward is None:
+                text = "no forward seen yet"
+            elif not forward.layouts:
+                text = forward.reason
+            else:
+                only = f" (modules {', '.join(forward.modules)} only)" if forward.modules else ""
+                text = "; ".join(f"{lay.source} [{lay.summary()}]" for lay in forward.layouts) + only
+            found.append((name, text))
+        return setting, tuple(found)
