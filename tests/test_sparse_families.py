@@ -137,3 +137,25 @@ def test_flux_kontext_reference_tokens_close_the_image_stream_and_stay_dense():
     scrambled = {**inputs, "img_ids": torch.cat([ref_ids, ids], 0)}  # reference first: not how Kontext packs
     found = layouts_of_forward(tiny.model, (), scrambled)
     assert found.layouts == () and "do not close the image stream" in found.reason
+
+
+def test_mochi_attends_over_the_latent_then_the_valid_text_only():
+    """Mochi's time embedding pools the text, so every row moves with it; the latent, though, reaches only the
+    video rows of the first attention call, and the padded text reaches none."""
+    tiny = Tiny("tiny-mochi")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    layout = found.layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("video", 32), ("text", 6)]
+    assert layout.grid == (2, 4, 4)
+    q = _first_self_queries(tiny)
+    assert q.shape[2] == layout.length
+    moved = (_first_self_queries(tiny, hidden_states=tiny.inputs["hidden_states"] + 1.0) - q).abs().amax(
+        dim=(0, 1, 3)) > 1e-6
+    assert torch.equal(moved, torch.tensor([k == "video" for k in layout.token_kinds()]))
+    padded = tiny.inputs["encoder_hidden_states"].clone()
+    padded[:, 6:] += 1.0  # the tokens the mask drops
+    assert torch.equal(_first_self_queries(tiny, encoder_hidden_states=padded), q)
+    two = {**tiny.inputs, "hidden_states": tiny.inputs["hidden_states"].expand(2, -1, -1, -1, -1),
+           "encoder_hidden_states": tiny.inputs["encoder_hidden_states"].expand(2, -1, -1),
+           "encoder_attention_mask": torch.tensor([[True] * 6 + [False] * 2, [True] * 4 + [False] * 4])}
+    assert [lay.length for lay in layouts_of_forward(tiny.model, (), two).layouts] == [36, 38]

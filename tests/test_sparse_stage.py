@@ -296,3 +296,21 @@ def test_explain_says_what_layout_the_stage_read():
     assert report.sparse.setting.startswith("selected, budget 0.3")
     assert "[video 256 | text 6 | padding 2, grid 4x8x8]" in text
     assert report.to_dict()["sparse"]["layouts"][0][1].startswith("HunyuanVideo: latent 4x16x16")
+
+
+def test_mochi_joint_attention_goes_sparse():
+    """Mochi's attention module has no ``set_processor`` (ditgate sets the attribute) and calls
+    F.scaled_dot_product_attention per batch item over the latent and that prompt's valid text."""
+    base = get_preset("tiny-mochi")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=4, height=16, width=16))
+    model = preset.build()
+    inputs = preset.inputs(model)  # 4 x 8 x 8 = 256 video tokens, then 6 valid text tokens
+    ref = _forward(model, inputs, 500)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    out = _forward(model, inputs, 500)
+    routes = _routes(plan)
+    plan.detach()
+    assert torch.equal(_forward(model, inputs, 500), ref)  # detached: the model as it was
+    assert routes["transformer_blocks.0.attn1"] == {("flex_sparse", ""): 1}
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
+    assert not torch.equal(out, ref) and cos > 0.9

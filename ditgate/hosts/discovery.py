@@ -1,7 +1,8 @@
 """Finding attention call sites in a diffusers model, by structure.
 
-An attention module is anything that owns a ``processor`` and a ``set_processor`` method (diffusers'
-``Attention`` and every ``AttentionModuleMixin``); class names are never consulted. Its role is read
+An attention module is anything that owns a callable ``processor`` (diffusers' ``Attention``, every
+``AttentionModuleMixin``, and Mochi's ``MochiAttention``, which has no ``set_processor``: ditgate sets the
+attribute itself); class names are never consulted. Its role is read
 from what it projects: separate added key/value projections on equal lengths mean joint attention, a
 module built for cross-attention (or a call whose key length differs) means cross, else self.
 """
@@ -37,7 +38,7 @@ def role_hint(module: torch.nn.Module) -> str:
 def find_attention_modules(model: torch.nn.Module, prefix: str = "") -> list[AttentionModule]:
     found = []
     for name, module in model.named_modules():
-        if hasattr(module, "processor") and callable(getattr(module, "set_processor", None)):
+        if callable(getattr(module, "processor", None)):
             path = ".".join(p for p in (prefix, name) if p)
             found.append(AttentionModule(path=path, module=module, role_hint=role_hint(module)))
     return found

@@ -131,6 +131,20 @@ def _hunyuan_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     return out
 
 
+def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    text = g["text"]
+    mask = torch.ones(1, text, dtype=torch.bool)
+    mask[:, text - max(1, text // 4):] = False  # padded caption tail, as a tokenizer pads
+    return dict(
+        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
+        timestep=torch.tensor([500], device=device),
+        encoder_attention_mask=mask.to(device=device),
+        return_dict=False,
+    )
+
+
 def _flux_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     h, w, text = g["height"] // 2, g["width"] // 2, g["text"]
@@ -189,6 +203,7 @@ _FAMILY_CLASS = {
     "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
     "hunyuan_video": _cls("HunyuanVideoTransformer3DModel"),
+    "mochi": _cls("MochiTransformer3DModel"),
     "cogvideox": _cls("CogVideoXTransformer3DModel"),
     "pixart": _cls("PixArtTransformer2DModel"),
 }
@@ -200,6 +215,7 @@ _FAMILY_INPUTS = {
     "skyreels_v2": _wan_inputs,
     "flux": _flux_inputs,
     "hunyuan_video": _hunyuan_video_inputs,
+    "mochi": _mochi_inputs,
     "cogvideox": _cogvideox_inputs,
     "pixart": _pixart_inputs,
 }
@@ -248,6 +264,11 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
                          num_single_layers=1, num_refiner_layers=1, text_embed_dim=16, pooled_projection_dim=8,
                          rope_axes_dim=(4, 6, 6)),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-mochi", "mochi", "Mochi, 2 layers, 2 heads x 16, 2x8x8 latent (32 video + 6 of 8 text "
+                    "tokens)", dict(patch_size=2, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+                                    pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=16,
+                                    max_sequence_length=8),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-flux", "flux", "Flux, 1+1 layers, 2 heads x 16, 8x8 latent (16 image + 8 text)", _TINY_FLUX,
                     dict(height=8, width=8, text=8, patch_area=4)),

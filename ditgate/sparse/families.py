@@ -22,6 +22,9 @@ the layout calls text at the first attention site):
   [B, 1, 1, S] that hides exactly that padding (``padding_mask``): the stage serves such a call as attention over
   the keys before the padding, with no mask. The count is one device read per forward; a batch whose items differ
   in it has no layout.
+- Mochi (``MochiTransformer3DModel``): per batch item, attention over the patchified latent (frame by frame)
+  then that prompt's valid text tokens only, so one layout per prompt length (the count is one device read per
+  forward).
 - Flux (``FluxTransformer2DModel``): joint attention over the text stream first, then the image tokens
   (both in the dual-stream blocks, which concatenate text before image, and in the single-stream
   blocks). ``img_ids`` give the image grid and, where Flux Kontext appends a reference image's tokens (index 1 in
@@ -146,6 +149,21 @@ def _hunyuan_video(model, args, kwargs) -> ForwardLayouts:
                           padding_mask=True)
 
 
+def _mochi(model, args, kwargs) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    mask = _arg(args, kwargs, "encoder_attention_mask", 3)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(mask, torch.Tensor):
+        return ForwardLayouts((), "Mochi: hidden_states [B, C, F, H, W] / encoder_attention_mask missing")
+    p = model.config.patch_size
+    _, _, f, h, w = hs.shape
+    grid = (f, h // p, w // p)
+    counts = sorted(set(mask.sum(dim=1, dtype=torch.int64).tolist()))  # one device read per forward
+    return ForwardLayouts(tuple(
+        TokenLayout.of(("video", math.prod(grid)), ("text", n), grid=grid,
+                       source=f"Mochi: latent {f}x{h}x{w} / patch 1x{p}x{p}, then {n} text tokens")
+        for n in counts))
+
+
 def _flux(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
@@ -176,6 +194,7 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "SkyReelsV2Transformer3DModel": _wan,
     "CogVideoXTransformer3DModel": _cogvideox,
     "HunyuanVideoTransformer3DModel": _hunyuan_video,
+    "MochiTransformer3DModel": _mochi,
     "LTXVideoTransformer3DModel": _ltx,
     "LTX2VideoTransformer3DModel": _ltx2,
     "FluxTransformer2DModel": _flux,
