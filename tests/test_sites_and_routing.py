@@ -27,8 +27,13 @@ def _count_sdpa_calls(monkeypatch, tiny: Tiny) -> int:
     return len(calls)
 
 
+# SDPA calls a forward makes outside any attention module: Mochi's time embedding pools the caption with one
+# query (MochiAttentionPool calls F.scaled_dot_product_attention itself, with no processor to route)
+OUTSIDE_MODULES = {"tiny-mochi": 1}
+
+
 def test_discovery_finds_every_attention_call(monkeypatch, tiny):
-    expected_calls = _count_sdpa_calls(monkeypatch, tiny)
+    expected_calls = _count_sdpa_calls(monkeypatch, tiny) - OUTSIDE_MODULES.get(tiny.preset.name, 0)
     assert expected_calls > 0
     plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False)
     tiny.forward()
