@@ -221,7 +221,7 @@ def test_hunyuan_video_masked_calls_go_sparse_over_the_keys_before_the_padding()
     assert routes["transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}
     assert routes["single_transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}
     assert routes["context_embedder.token_refiner.refiner_blocks.0.attn"] == {
-        ("host", "sparse: no layout covers a 8-token sequence"): 1}
+        ("host", "sparse: a masked call stays dense (no layout covers a 8-token sequence)"): 1}
     (video, text), (dense_video, dense_text) = seen["sparse"], seen["dense"]
     assert torch.allclose(text, dense_text, atol=1e-5)  # text and padding rows attend every valid key
     assert not torch.allclose(video, dense_video, atol=1e-3)
@@ -229,33 +229,33 @@ def test_hunyuan_video_masked_calls_go_sparse_over_the_keys_before_the_padding()
     assert not torch.equal(out, ref) and cos > 0.9
 
 
-def test_a_mask_that_hides_other_keys_than_the_padding_keeps_the_call_dense():
+def test_a_mask_that_hides_other_keys_than_the_padding_is_kept():
     model, inputs = _hunyuan()
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
-    _forward(model, inputs, 500)  # the stage reads this forward's layout
-    stage = plan.sparse
+    _forward(model, inputs, 500)  # the plan reads this forward's layout
+    padding = plan.context.padding
     site, path = "transformer_blocks.0.attn", "transformer_blocks.0.attn"
     q = torch.zeros(1, 2, 264, 16)
     good = (torch.arange(264) < 262).view(1, 1, 1, 264)
-    assert stage.padded_keys(site, path, q, good) == (262, "")
+    assert padding.keys_end(site, path, q, good) == (262, "")
     wrong = good.expand(2, 1, 1, 264).clone()  # a shape not checked yet: the first of each is compared
     wrong[1, ..., 5] = False
     other_shape = torch.zeros(1, 2, 264, 264, dtype=torch.bool)
-    keys, why = stage.padded_keys(site, path, q, wrong)
-    keys_shape, why_shape = stage.padded_keys(site, path, q, other_shape)
+    keys, why = padding.keys_end(site, path, q, wrong)
+    keys_shape, why_shape = padding.keys_end(site, path, q, other_shape)
     plan.detach()
     assert keys is None and "hides other keys than the layout's padding" in why
     assert keys_shape is None and "is not a boolean key mask [B, 1, 1, 264]" in why_shape
 
 
-def test_masked_calls_of_families_without_a_padding_layout_stay_dense():
+def test_masks_of_families_without_a_padding_layout_are_kept():
     model, inputs = _wan()
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
     _forward(model, inputs, 500)
-    keys, why = plan.sparse.padded_keys("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 256, 16),
-                                         torch.ones(1, 1, 1, 256, dtype=torch.bool))
+    keys, why = plan.context.padding.keys_end("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 256, 16),
+                                              torch.ones(1, 1, 1, 256, dtype=torch.bool))
     plan.detach()
-    assert keys is None and "a masked call stays dense" in why
+    assert keys is None and "no verified layout says what the mask hides" in why
 
 
 def test_the_gate_measures_sparse_forms_on_hunyuan_videos_masked_calls():

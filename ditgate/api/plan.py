@@ -37,6 +37,7 @@ from ..gate.chooser import CALIBRATING, LIVE
 from ..gate.receipt import now
 from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
 from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from ..sparse.padding import PaddingKeys
 from ..sparse.stage import SparseSetting, SparseStage
 from .explain import explain as render_explain
 from .report import PlanReport, SiteRecord, SkippedModule, SparseRecord
@@ -105,15 +106,22 @@ class Plan:
                 routed = routed_processor(proc, router.entries(), router.begin_invocation)
                 setattr(found.module, "processor", routed)
                 self._attached.append(_Attached(found.module, proc, routed, router))
+        # masks that hide only padding (HunyuanVideo's): installed before the sparse stage, whose hook reuses them
+        padding = self.context.padding = PaddingKeys()
+        for name, model in self.denoisers:
+            self._hooks += padding.install(name, model, self._paths_of(name))
 
     def _install_sparse(self, setting: SparseSetting) -> None:
         """The plan's sparse stage: layout and step hooks on each denoiser, shared by every site."""
-        stage = SparseStage(setting)
+        stage = SparseStage(setting, self.context.padding)
         self.context.sparse = stage
         for name, model in self.denoisers:
-            paths = [a.router.found.path for a in self._attached
-                     if a.router.found.path == name or a.router.found.path.startswith(self._prefix(name))]
-            self._hooks += stage.install(name, model, paths)
+            self._hooks += stage.install(name, model, self._paths_of(name))
+
+    def _paths_of(self, name: str) -> list[str]:
+        """The routed attention modules' paths of the denoiser ``name``."""
+        return [a.router.found.path for a in self._attached
+                if a.router.found.path == name or a.router.found.path.startswith(self._prefix(name))]
 
     @property
     def sparse(self):

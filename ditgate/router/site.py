@@ -55,6 +55,7 @@ class RouterContext:
     tally: bool = True  # False while the plan runs its own whole-model passes: those are not user calls
     capabilities: dict[int, tuple[int, int]] = field(default_factory=dict)
     sparse: object | None = None  # the plan's SparseStage, when attach(..., sparse=...) asked for one
+    padding: object | None = None  # the plan's PaddingKeys: masks that hide only padding, served without it
 
     def capability(self, device: torch.device) -> tuple[int, int] | None:
         if device.type != "cuda":
@@ -95,41 +96,42 @@ class SiteRouter:
 
     def prepare(self, form: Form, call: AttentionCall, inputs: AttentionInputs,
                 measuring: bool = False) -> tuple[AttentionCall, AttentionInputs, str]:
-        """A block-sparse form on a maskless call gets the sparse stage's selection as its mask.
+        """The call and inputs ``form`` is to see, and a reason when it is to stay dense (on the host when
+        serving, a refusal when measuring).
 
-        Returns the call and inputs the form is to see, and a reason when there is no selection (the
-        call then stays dense: on the host when serving, a refusal when measuring). Other forms get
-        the call unchanged. A consumer that quantizes Q and K pools them for the selector in that same
-        pass (``Form.pool_for_selection``); what it made rides along as ``AttentionInputs.prepared``.
-
-        A call whose boolean mask hides only the padding at the end of its layout (``SparseStage.padded_keys``)
-        is served as attention over the keys before the padding, with the selection and no mask. Its selector
-        pools for itself: a consumer's pooling would quantize the padding's keys with the rest.
+        A boolean mask that hides only the padding at the end of its call's layout (``PaddingKeys``, e.g.
+        HunyuanVideo's text tail) is dropped, and every form sees the keys before the padding: the same function,
+        which forms that take no mask can serve. A block-sparse form on a maskless call then gets the sparse
+        stage's selection as its mask; the selection is made over the whole sequence, whose padding tiles no list
+        visits. A consumer that quantizes Q and K pools them for the selector in that same pass
+        (``Form.pool_for_selection``), what it made riding along as ``AttentionInputs.prepared``, except where the
+        keys were cut: its pooling would have quantized the padding with the rest.
         """
-        if not form.spec.takes_selection or call.mask not in (MaskKind.NONE, MaskKind.BOOLEAN):
+        whole_key, cut, kept = inputs.key, False, "no verified layout says what the mask hides"
+        padding = self.context.padding
+        if call.mask is MaskKind.BOOLEAN and padding is not None:
+            end, kept = padding.keys_end(self.name, self.module_path, inputs.query, inputs.attn_mask)
+            if end is not None:
+                call = dataclasses.replace(call, mask=MaskKind.NONE, seq_kv=end)
+                inputs = dataclasses.replace(inputs, key=inputs.key[:, :, :end], value=inputs.value[:, :, :end],
+                                             attn_mask=None)
+                cut = True
+        if form.spec.takes_selection and call.mask is MaskKind.BOOLEAN:
+            return call, inputs, f"sparse: a masked call stays dense ({kept})"
+        if not form.spec.takes_selection or call.mask is not MaskKind.NONE:
             return call, inputs, ""
         stage = self.context.sparse
         if stage is None:
-            if call.mask is MaskKind.BOOLEAN:
-                return call, inputs, ""
             return call, inputs, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))"
-        keys_end = None
-        if call.mask is MaskKind.BOOLEAN:
-            keys_end, why = stage.padded_keys(self.name, self.module_path, inputs.query, inputs.attn_mask)
-            if keys_end is None:
-                return call, inputs, f"sparse: {why}"
         block = stage.setting.block
         rows = form.selection_rows(call, block)
-        pool = None if keys_end is not None else (lambda: form.pool_for_selection(call, inputs, rows or block, block))
-        sel = stage.selection(self.name, self.module_path, self.role or self.role_hint, inputs.query, inputs.key,
+        pool = None if cut else (lambda: form.pool_for_selection(call, inputs, rows or block, block))
+        sel = stage.selection(self.name, self.module_path, self.role or self.role_hint, inputs.query, whole_key,
                               measuring, rows=rows, pool=pool)
         if sel.lists is None:
             return call, inputs, f"sparse: {sel.reason}"
-        key, value = inputs.key, inputs.value
-        if keys_end is not None:
-            key, value = key[:, :, :keys_end], value[:, :, :keys_end]
-        return (dataclasses.replace(call, mask=MaskKind.BLOCK, seq_kv=key.shape[2]),
-                dataclasses.replace(inputs, key=key, value=value, attn_mask=sel.lists, prepared=sel.prepared), "")
+        return (dataclasses.replace(call, mask=MaskKind.BLOCK),
+                dataclasses.replace(inputs, attn_mask=sel.lists, prepared=sel.prepared), "")
 
     # --- the call path ---------------------------------------------------------------------------
     def _observe(self, call: AttentionCall, route: str, reason: str) -> None:

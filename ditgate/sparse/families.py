@@ -201,6 +201,10 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
 }
 
 
+# families whose boolean attention masks hide only their layout's trailing padding (``ForwardLayouts.padding_mask``)
+FAMILIES_WITH_PADDING_MASKS = frozenset({"HunyuanVideoTransformer3DModel"})
+
+
 def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> ForwardLayouts:
     """The layouts of ``model``'s self-attention sequences for this forward's arguments."""
     reader = FAMILIES.get(type(model).__name__)

@@ -6,8 +6,9 @@ forward from its arguments (``families.py``) and advances the step counter from 
 then ask ``selection`` for their call: a ``Selection`` with key-block lists, or ``lists=None`` with the
 reason the call stays dense (no verified layout, cross-attention, a dense step or layer of the
 schedule, a sequence too short to hold two video tiles). Each reason is logged once per site and shape.
-A call with a boolean mask asks ``padded_keys`` first: where the mask hides only its layout's trailing
-padding, the call is served over the keys before it.
+A call whose boolean mask hides only its layout's trailing padding reaches the stage without the mask, its keys
+cut before the padding (``padding.PaddingKeys``); its selection is made over the whole sequence, whose padding
+tiles no list visits.
 
 Measuring: the gate asks with ``measuring=True`` and gets the schedule's sparse budget whatever the
 current step, so a site calibrated on a dense step is still measured as it will run on sparse steps;
@@ -30,6 +31,7 @@ from ..forms.base import PooledTiles
 from ..kernels.lists import KeyBlockLists
 from .families import ForwardLayouts, layouts_of_forward
 from .layout import TokenLayout
+from .padding import PaddingKeys
 from .patterns import PATTERNS, static_pattern
 from .schedule import BudgetSchedule, StepCounter, timestep_position
 from .selector import TileSelector
@@ -87,8 +89,12 @@ def _layer_keys(paths: list[str]) -> dict[str, int]:
 
 
 class SparseStage:
-    def __init__(self, setting: SparseSetting) -> None:
+    """``padding``: the plan's ``PaddingKeys``, whose layouts this stage takes for the denoisers it reads, so that
+    a forward's layouts are read once."""
+
+    def __init__(self, setting: SparseSetting, padding: PaddingKeys | None = None) -> None:
         self.setting = setting
+        self.padding = padding
         self.selector = TileSelector(setting.block)
         self._counters: dict[str, StepCounter] = {}
         self._forward: dict[str, ForwardLayouts] = {}
@@ -96,7 +102,6 @@ class SparseStage:
         self._layer_of: dict[str, int] = {}
         self._patterns: dict[tuple, KeyBlockLists] = {}
         self._said: set[tuple[str, str, str]] = set()
-        self._masks_checked: dict[tuple, bool] = {}  # (layout, mask shape, device): the mask hides its padding
         self.checking = False  # set by the plan during its whole-model check: selections as when measuring
 
     # --- wiring (by the plan) ----------------------------------------------------------------------
@@ -107,9 +112,12 @@ class SparseStage:
             self._denoiser_of[path] = name
             self._layer_of[path] = layer
 
-        def pre(module, args, kwargs):
+        padding = self.padding
+
+        def pre(module, args, kwargs):  # after the padding reader's hook, which the plan installs first
             counter.hook(module, args, kwargs)
-            self._forward[name] = layouts_of_forward(module, args, kwargs)
+            shared = padding is not None and padding.covers(name)
+            self._forward[name] = padding.layouts(name) if shared else layouts_of_forward(module, args, kwargs)
             return None
 
         return [model.register_forward_pre_hook(pre, with_kwargs=True)]
@@ -162,38 +170,6 @@ class SparseStage:
         if lists is None:
             return Selection(None, budget, f"budget {budget} keeps every tile")
         return Selection(lists, budget, prepared=made[0] if made else None)
-
-    def padded_keys(self, site_name: str, module_path: str, q: torch.Tensor, mask: object) -> tuple[int | None, str]:
-        """For a call with a boolean mask: where its keys end, when the mask hides exactly the trailing padding of
-        a layout whose family passes such masks (``ForwardLayouts.padding_mask``). The consumer then serves the
-        call as attention over the keys before that point, without a mask: the same function, with the padding
-        neither read nor computed. Otherwise None and why the call stays dense. The first mask met per layout and
-        shape is compared with the layout (one device read); later ones are taken to match, as the family builds
-        them from the count the layout was read from."""
-        n = q.shape[2]
-        denoiser = self._denoiser_of.get(module_path)
-        forward = self._forward.get(denoiser) if denoiser is not None else None
-        if forward is None or not forward.padding_mask:
-            return self._padded_dense(site_name, q, "a masked call stays dense (no verified layout says what its "
-                                                    "mask hides)")
-        layout, why = forward.for_call(module_path, n)
-        if layout is None:
-            return self._padded_dense(site_name, q, why)
-        if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4
-                or tuple(mask.shape[1:]) != (1, 1, n)):
-            shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            return self._padded_dense(site_name, q, f"mask {shape} is not a boolean key mask [B, 1, 1, {n}]")
-        key = (layout, tuple(mask.shape), str(mask.device))
-        if key not in self._masks_checked:
-            expected = (torch.arange(n, device=mask.device) < layout.keys_end).expand(mask.shape[0], n)
-            self._masks_checked[key] = torch.equal(mask.reshape(mask.shape[0], n), expected)
-        if not self._masks_checked[key]:
-            return self._padded_dense(site_name, q, f"the mask hides other keys than the layout's padding "
-                                                    f"({layout.source})")
-        return layout.keys_end, ""
-
-    def _padded_dense(self, site_name: str, q: torch.Tensor, reason: str) -> tuple[None, str]:
-        return None, self._dense(site_name, q, reason, 1.0).reason
 
     def _static(self, layout: TokenLayout, budget: float, q: torch.Tensor, rows: int | None) -> KeyBlockLists:
         rows = rows or self.setting.block

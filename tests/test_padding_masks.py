@@ -1,0 +1,70 @@
+"""Masks that hide only padding (HunyuanVideo's text tail): every form sees the keys before the padding, unmasked."""
+
+import dataclasses
+
+import torch
+
+import ditgate
+from ditgate.forms import MaskKind
+from ditgate.models.presets import get_preset
+
+from .helpers import FakeForm, Tiny
+
+
+class _Seen(FakeForm):
+    """Exact SDPA on maskless calls only (as fa4 and flash's SDPA take them), recording each call's key length."""
+
+    def __init__(self) -> None:
+        super().__init__("nomask", masks=frozenset({MaskKind.NONE}))
+        self.keys: list[int] = []
+
+    def run(self, inputs):
+        self.keys.append(inputs.key.shape[2])
+        return super().run(inputs)
+
+
+def _routes(plan):
+    return {s.name: {(c.route, c.reason): c.calls for c in s.routes} for s in plan.report().sites}
+
+
+def test_a_form_without_masks_serves_hunyuan_videos_masked_calls_exactly():
+    tiny = Tiny("tiny-hunyuan-video")  # 32 video tokens, then 6 text and 2 of padding
+    host = tiny.forward()
+    seen = _Seen()
+    plan = ditgate.attach(tiny.model, forms=["nomask"], measure=False, extra_forms=[seen])
+    routed = tiny.forward()
+    routes = _routes(plan)
+    plan.detach()
+    assert routes["transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    assert routes["single_transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    # the token refiner's attention over the text alone has no layout: it keeps its mask, and the host serves it
+    (refiner,) = routes["context_embedder.token_refiner.refiner_blocks.0.attn"]
+    assert refiner[0] == "host" and "mask kind boolean" in refiner[1]
+    assert seen.keys == [38, 38]  # the two padding keys were never read
+    assert (routed - host).norm() / host.norm() < 1e-5
+    assert torch.equal(tiny.forward(), host)  # detached: as it was
+
+
+def test_the_gate_measures_maskless_forms_on_padding_masked_calls():
+    base = get_preset("tiny-hunyuan-video")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=4, height=16, width=16))
+    model = preset.build()
+    inputs = preset.inputs(model)
+    plan = ditgate.attach(model, profile="quality", forms=["sdpa_math", "nomask"], extra_forms=[_Seen()])
+    with torch.no_grad():
+        model(**inputs)
+    verdict = next(v for v in plan.chooser.verdicts.values() if v.site == "transformer_blocks.0.attn")
+    plan.detach()
+    assert "mask=boolean" in verdict.shape_key
+    measured = {m.form: m for m in verdict.measured}
+    assert "nomask" in measured and measured["nomask"].cosine > 0.9999  # the same function, over 262 keys
+
+
+def test_a_wan_mask_is_not_taken_for_padding():
+    """Families without padding masks keep theirs: a maskless form never sees such a call."""
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model, forms=["nomask"], measure=False, extra_forms=[_Seen()])
+    assert plan.context.padding.keys_end("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 32, 16),
+                                         torch.ones(1, 1, 1, 32, dtype=torch.bool)) == (
+        None, "no verified layout says what the mask hides")
+    plan.detach()
