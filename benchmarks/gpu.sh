@@ -123,7 +123,9 @@
 #                                        LTX 2B at 27588 tokens) cut to $LAYERS blocks (default 8): stock, quality, speed,
 #                                        speed with the sparse stage at $BUDGET (default 0.3), fp8_sparse and block_sparse static;
 #                                        the GPU's busy share of one forward per row; first (unless NO_TESTS=1)
-#                                        the Hopper lists over keys that end before the queries (HunyuanVideo's)
+#                                        the Hopper lists over keys that end before the queries (HunyuanVideo's);
+#                                        PRESET=wan-14b-480p-81f, or hunyuan-video-544x960x129 with LAYERS=2 (its
+#                                        masked joint attention served unmasked over the keys before the padding)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}

@@ -2,8 +2,8 @@
 
 A layout is only ever read from the arguments of the denoiser's forward (shapes, the latent grid, the
 text stream's length); it is never guessed from a sequence length. Verified here (and by
-``tests/test_sparse_families.py`` on the real classes: perturbing the text changes exactly the tokens
-the layout calls text at the first attention site):
+``tests/test_sparse_families.py`` on the real classes: perturbing the text, the latent or a reference image
+changes exactly the rows the layout gives it at the first attention site):
 
 - Wan (``WanTransformer3DModel``): ``hidden_states`` [B, C, F, H, W] patchified by ``patch_size`` in
   (frame, row, column) order; self-attention sees video tokens only (text enters by cross-attention).
@@ -19,9 +19,9 @@ the layout calls text at the first attention site):
   configuration has one) in (frame, row, column) order.
 - HunyuanVideo (``HunyuanVideoTransformer3DModel``): joint attention over the patchified latent first, then the
   text stream, whose tail past ``encoder_attention_mask``'s count is padding. The host passes a boolean key mask
-  [B, 1, 1, S] that hides exactly that padding (``padding_mask``): the stage serves such a call as attention over
-  the keys before the padding, with no mask. The count is one device read per forward; a batch whose items differ
-  in it has no layout.
+  [B, 1, 1, S] that hides exactly that padding (``padding_mask``): every form is handed such a call as attention
+  over the keys before the padding, with no mask (``padding.py``). The count is one device read per forward; a
+  batch whose items differ in it has no layout.
 - Mochi (``MochiTransformer3DModel``): per batch item, attention over the patchified latent (frame by frame)
   then that prompt's valid text tokens only, so one layout per prompt length (the count is one device read per
   forward).
@@ -52,9 +52,8 @@ class ForwardLayouts:
     layouts: tuple[TokenLayout, ...]
     reason: str = ""
     # a boolean key mask this family passes with these sequences hides exactly their trailing padding (verified on
-    # the real class); the stage still checks the first mask it meets per layout against it
+    # the real class); ``padding.PaddingKeys`` still checks the first mask it meets per layout against it
     padding_mask: bool = False
-
     # the attention modules (last component of their path) the layouts describe; None: every module whose
     # sequence has a layout's length. LTX-2's audio stream could have the video's length by chance.
     modules: tuple[str, ...] | None = None
