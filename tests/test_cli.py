@@ -17,8 +17,11 @@ def test_doctor_lists_every_form_with_reasons():
     names = {f["name"] for f in data["forms"]}
     assert {"fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex", "sage"} <= names
     assert all(f["available"] or f["reason"] for f in data["forms"])
+    assert {"HunyuanVideoTransformer3DModel", "WanTransformer3DModel"} <= set(data["sparse_layouts"])
+    assert data["padding_masks"] == ["HunyuanVideoTransformer3DModel"]
     table = _ditgate("doctor")
     assert table.returncode == 0 and "sdpa_cudnn" in table.stdout and "forms available here" in table.stdout
+    assert "Sparse stage layouts read for" in table.stdout
 
 
 def test_demo_runs_and_writes_reports(tmp_path):

@@ -12,14 +12,17 @@ from rich.table import Table
 
 from ..forms import describe_forms
 from ..gate import environment
+from ..sparse.families import FAMILIES, FAMILIES_WITH_PADDING_MASKS
 
 
 def doctor(as_json: bool = False) -> int:
     infos = describe_forms()
     env = environment()
+    families = sorted(FAMILIES)  # the denoiser classes whose token layouts the sparse stage reads
     if as_json:
-        print(json.dumps({"environment": env, "forms": [dataclasses.asdict(i) for i in infos]}, indent=2,
-                         default=str))
+        print(json.dumps({"environment": env, "forms": [dataclasses.asdict(i) for i in infos],
+                          "sparse_layouts": families, "padding_masks": sorted(FAMILIES_WITH_PADDING_MASKS)},
+                         indent=2, default=str))
         return 0
     console = Console()
     where = env.get("gpu") or f"CPU ({env.get('cpu')})"
@@ -38,4 +41,7 @@ def doctor(as_json: bool = False) -> int:
     console.print(table)
     n = sum(i.available for i in infos)
     console.print(f"{n} of {len(infos)} forms available here.")
+    console.print(f"Sparse stage layouts read for: {', '.join(families)}; any other class stays dense. Masks that "
+                  f"hide only padding, served unmasked over the keys before it: "
+                  f"{', '.join(sorted(FAMILIES_WITH_PADDING_MASKS))}.")
     return 0
