@@ -11,8 +11,8 @@ from ditgate.forms import AttentionInputs, Availability, Form, FormSpec, MaskKin
 from ditgate.hosts import model_output
 from ditgate.models.presets import get_preset
 
-TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video", "tiny-mochi",
-        "tiny-ltx2")
+TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video",
+        "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2")
 
 
 class Tiny:

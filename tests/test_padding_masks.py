@@ -64,7 +64,30 @@ def test_a_wan_mask_is_not_taken_for_padding():
     """Families without padding masks keep theirs: a maskless form never sees such a call."""
     tiny = Tiny("tiny-wan")
     plan = ditgate.attach(tiny.model, forms=["nomask"], measure=False, extra_forms=[_Seen()])
-    assert plan.context.padding.keys_end("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 32, 16),
-                                         torch.ones(1, 1, 1, 32, dtype=torch.bool)) == (
+    assert plan.context.padding.cut("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 32, 16),
+                                    torch.ones(1, 1, 1, 32, dtype=torch.bool)) == (
         None, "no verified layout says what the mask hides")
     plan.detach()
+
+
+def test_hunyuan_video15s_square_masks_are_cut_and_their_padding_rows_zeroed():
+    """HunyuanVideo 1.5 hides the padding's keys and rows ([B, 1, S, S]): the host's attention gives zeros in those
+    rows, and a maskless form, handed the keys before the padding, gives the same once the router zeroes them."""
+    tiny = Tiny("tiny-hunyuan-video15")  # 128 video tokens, 9 valid image and text tokens, 8 of padding
+    block = tiny.model.transformer_blocks[0].attn
+    outs = []
+    handle = block.register_forward_hook(lambda m, a, kw, out: outs.append(out), with_kwargs=True)
+    host = tiny.forward()
+    seen = _Seen()
+    plan = ditgate.attach(tiny.model, forms=["nomask"], measure=False, extra_forms=[seen])
+    routed = tiny.forward()
+    routes = _routes(plan)
+    plan.detach()
+    handle.remove()
+    assert routes["transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    assert seen.keys == [137]
+    (host_video, host_text), (video, text) = outs
+    # the padding rows leave the module as its output projection's bias alone, in both
+    assert torch.allclose(text[:, 9:], host_text[:, 9:], atol=1e-6)
+    assert torch.allclose(text, host_text, atol=1e-5) and torch.allclose(video, host_video, atol=1e-5)
+    assert (routed - host).norm() / host.norm() < 1e-5

@@ -159,3 +159,31 @@ def test_mochi_attends_over_the_latent_then_the_valid_text_only():
            "encoder_hidden_states": tiny.inputs["encoder_hidden_states"].expand(2, -1, -1),
            "encoder_attention_mask": torch.tensor([[True] * 6 + [False] * 2, [True] * 4 + [False] * 4])}
     assert [lay.length for lay in layouts_of_forward(tiny.model, (), two).layouts] == [36, 38]
+
+
+def test_hunyuan_video15_puts_the_latent_first_then_valid_image_and_text_then_the_padding():
+    tiny = Tiny("tiny-hunyuan-video15")  # text to video: the 5 image tokens are all padding
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    layout = found.layouts[0]
+    assert found.padding_mask == "queries and keys"
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("video", 128), ("text", 9), ("padding", 8)]
+
+    def joint(**overrides):
+        cap = CaptureForm()
+        plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
+        try:
+            tiny.forward(**overrides)
+        finally:
+            plan.detach()
+        return next(x for x in cap.queries if x.shape[2] == layout.length)
+
+    q = joint()
+    kinds = layout.token_kinds()
+    latent = (joint(hidden_states=tiny.inputs["hidden_states"] + 1.0) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+    assert torch.equal(latent, torch.tensor([k == "video" for k in kinds]))
+    prompt = (joint(encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0) - q).abs().amax(
+        dim=(0, 1, 3)) > 1e-6
+    assert prompt.sum() == 6 and all(kinds[i] == "text" for i in torch.nonzero(prompt).flatten().tolist())
+    given = {**tiny.inputs, "image_embeds": torch.randn_like(tiny.inputs["image_embeds"])}  # image to video
+    assert [(s.kind, s.end - s.start) for s in layouts_of_forward(tiny.model, (), given).layouts[0].segments] == [
+        ("video", 128), ("text", 14), ("padding", 3)]

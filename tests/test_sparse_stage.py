@@ -237,23 +237,24 @@ def test_a_mask_that_hides_other_keys_than_the_padding_is_kept():
     site, path = "transformer_blocks.0.attn", "transformer_blocks.0.attn"
     q = torch.zeros(1, 2, 264, 16)
     good = (torch.arange(264) < 262).view(1, 1, 1, 264)
-    assert padding.keys_end(site, path, q, good) == (262, "")
+    found, why = padding.cut(site, path, q, good)
+    assert (found.keys, found.zero_rows, why) == (262, False, "")
     wrong = good.expand(2, 1, 1, 264).clone()  # a shape not checked yet: the first of each is compared
     wrong[1, ..., 5] = False
     other_shape = torch.zeros(1, 2, 264, 264, dtype=torch.bool)
-    keys, why = padding.keys_end(site, path, q, wrong)
-    keys_shape, why_shape = padding.keys_end(site, path, q, other_shape)
+    keys, why = padding.cut(site, path, q, wrong)
+    keys_shape, why_shape = padding.cut(site, path, q, other_shape)
     plan.detach()
     assert keys is None and "hides other keys than the layout's padding" in why
-    assert keys_shape is None and "is not a boolean key mask [B, 1, 1, 264]" in why_shape
+    assert keys_shape is None and "is not a boolean mask [B, 1, 1, 264]" in why_shape
 
 
 def test_masks_of_families_without_a_padding_layout_are_kept():
     model, inputs = _wan()
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
     _forward(model, inputs, 500)
-    keys, why = plan.context.padding.keys_end("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 256, 16),
-                                              torch.ones(1, 1, 1, 256, dtype=torch.bool))
+    keys, why = plan.context.padding.cut("blocks.0.attn1", "blocks.0.attn1", torch.zeros(1, 2, 256, 16),
+                                         torch.ones(1, 1, 1, 256, dtype=torch.bool))
     plan.detach()
     assert keys is None and "no verified layout says what the mask hides" in why
 

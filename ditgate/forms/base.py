@@ -198,6 +198,15 @@ class AttentionInputs:
     # what a block-sparse form made of these tensors while the selector pooled them (its quantized copies:
     # ``Form.pool_for_selection``), handed back to that form's ``run`` so that it does not make them again
     prepared: object = None
+    # rows from this one on are zeros in the host's output: its mask hid those queries from every key (padding
+    # that the router cut from the keys, ``sparse.padding``); ``finish`` writes them, whatever form ran
+    zero_rows_from: int | None = None
+
+    def finish(self, out: torch.Tensor) -> torch.Tensor:
+        """A form's output ([B, H, S, D]) as the host's would be: the rows its mask hid, zeroed."""
+        if self.zero_rows_from is not None:
+            out[:, :, self.zero_rows_from:] = 0
+        return out
 
 
 @dataclass(frozen=True)

@@ -127,12 +127,13 @@ class GateChooser:
                 continue
             if form_inputs is not inputs:  # a sparse form pays its selection on every call: time it too
                 def run(form=form):
-                    return form.run(site.prepare(form, call, inputs, measuring=True)[1])
+                    prepared = site.prepare(form, call, inputs, measuring=True)[1]
+                    return prepared.finish(form.run(prepared))
             else:
                 def run(form=form):
                     return form.run(inputs)
             try:
-                out = form.run(form_inputs)  # warm-up (compiles, loads modules) and the accuracy sample
+                out = form_inputs.finish(form.run(form_inputs))  # warm-up (compiles, loads); accuracy sample
                 acc = compare(to_host(out), host_out)
                 del out
             except Exception as exc:

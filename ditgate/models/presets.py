@@ -131,6 +131,27 @@ def _hunyuan_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     return out
 
 
+def _hunyuan_video15_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    """Text to video: an all-zero image, as the pipeline passes when no image is given."""
+    g, c = p.geometry, model.config
+    text, glyphs, image = g["text"], g["glyph_text"], g["image"]
+    masks = []
+    for n in (text, glyphs):
+        mask = torch.ones(1, n, dtype=torch.bool)
+        mask[:, n - max(1, n // 4):] = False  # padded tails, as the tokenizers pad
+        masks.append(mask.to(device=device))
+    return dict(
+        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        timestep=torch.tensor([500.0], device=device, dtype=dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
+        encoder_attention_mask=masks[0],
+        encoder_hidden_states_2=_rand(gen, (1, glyphs, c.text_embed_2_dim), device, dtype),
+        encoder_attention_mask_2=masks[1],
+        image_embeds=torch.zeros(1, image, c.image_embed_dim, device=device, dtype=dtype),
+        return_dict=False,
+    )
+
+
 def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     text = g["text"]
@@ -203,6 +224,7 @@ _FAMILY_CLASS = {
     "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
     "hunyuan_video": _cls("HunyuanVideoTransformer3DModel"),
+    "hunyuan_video15": _cls("HunyuanVideo15Transformer3DModel"),
     "mochi": _cls("MochiTransformer3DModel"),
     "cogvideox": _cls("CogVideoXTransformer3DModel"),
     "pixart": _cls("PixArtTransformer2DModel"),
@@ -215,6 +237,7 @@ _FAMILY_INPUTS = {
     "skyreels_v2": _wan_inputs,
     "flux": _flux_inputs,
     "hunyuan_video": _hunyuan_video_inputs,
+    "hunyuan_video15": _hunyuan_video15_inputs,
     "mochi": _mochi_inputs,
     "cogvideox": _cogvideox_inputs,
     "pixart": _pixart_inputs,
@@ -265,6 +288,12 @@ PRESETS: dict[str, ModelPreset] = {
                          num_single_layers=1, num_refiner_layers=1, text_embed_dim=16, pooled_projection_dim=8,
                          rope_axes_dim=(4, 6, 6)),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-hunyuan-video15", "hunyuan_video15", "HunyuanVideo 1.5, 1 layer, 2 heads x 16, 2x8x8 "
+                    "latent (128 video tokens, then 5 image, 4 glyph and 8 prompt tokens: 9 valid)",
+                    dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                         num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=16, image_embed_dim=16,
+                         rope_axes_dim=(4, 6, 6)),
+                    dict(frames=2, height=8, width=8, text=8, glyph_text=4, image=5)),
         ModelPreset("tiny-mochi", "mochi", "Mochi, 2 layers, 2 heads x 16, 2x8x8 latent (32 video + 6 of 8 text "
                     "tokens)", dict(patch_size=2, num_attention_heads=2, attention_head_dim=16, num_layers=2,
                                     pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=16,

@@ -110,11 +110,12 @@ class SiteRouter:
         whole_key, cut, kept = inputs.key, False, "no verified layout says what the mask hides"
         padding = self.context.padding
         if call.mask is MaskKind.BOOLEAN and padding is not None:
-            end, kept = padding.keys_end(self.name, self.module_path, inputs.query, inputs.attn_mask)
-            if end is not None:
+            found, kept = padding.cut(self.name, self.module_path, inputs.query, inputs.attn_mask)
+            if found is not None:
+                end = found.keys
                 call = dataclasses.replace(call, mask=MaskKind.NONE, seq_kv=end)
                 inputs = dataclasses.replace(inputs, key=inputs.key[:, :, :end], value=inputs.value[:, :, :end],
-                                             attn_mask=None)
+                                             attn_mask=None, zero_rows_from=end if found.zero_rows else None)
                 cut = True
         if form.spec.takes_selection and call.mask is MaskKind.BOOLEAN:
             return call, inputs, f"sparse: a masked call stays dense ({kept})"
@@ -172,7 +173,7 @@ class SiteRouter:
         if blocked:
             return self._host(call, f"{decision.form}: {blocked[0]}", host)
         try:
-            out = form.run(inputs)
+            out = inputs.finish(form.run(inputs))
         except Exception as exc:  # never fail a call the host could serve
             if self.ledger.failed(form.name, exc):
                 logger.warning("ditgate: %s: form %s %s; the host serves this site from now on",

@@ -22,6 +22,11 @@ changes exactly the rows the layout gives it at the first attention site):
   [B, 1, 1, S] that hides exactly that padding (``padding_mask``): every form is handed such a call as attention
   over the keys before the padding, with no mask (``padding.py``). The count is one device read per forward; a
   batch whose items differ in it has no layout.
+- HunyuanVideo 1.5 (``HunyuanVideo15Transformer3DModel``): the patchified latent, then one stream of an image's
+  tokens, the glyph (ByT5) text and the prompt, each stream's valid tokens first and all padding last; an
+  all-zero ``image_embeds`` (text to video) makes every image token padding. Its mask [B, 1, S, S] hides the
+  padding's keys and its rows (PAIR_PADDING), whose outputs the host returns as zeros. One device read per
+  forward.
 - Mochi (``MochiTransformer3DModel``): per batch item, attention over the patchified latent (frame by frame)
   then that prompt's valid text tokens only, so one layout per prompt length (the count is one device read per
   forward).
@@ -45,15 +50,20 @@ import torch
 from .layout import TokenLayout
 
 
+KEY_PADDING = "keys"
+PAIR_PADDING = "queries and keys"
+
+
 @dataclass(frozen=True)
 class ForwardLayouts:
     """The self-attention sequences one denoiser forward will attend over, or why none is known."""
 
     layouts: tuple[TokenLayout, ...]
     reason: str = ""
-    # a boolean key mask this family passes with these sequences hides exactly their trailing padding (verified on
-    # the real class); ``padding.PaddingKeys`` still checks the first mask it meets per layout against it
-    padding_mask: bool = False
+    # what the boolean masks this family passes with these sequences hide (verified on the real class), checked by
+    # ``padding.PaddingKeys`` against the first mask it meets per layout: "" nothing known; KEY_PADDING the
+    # trailing padding's keys ([B, 1, 1, S]); PAIR_PADDING its keys and its queries' rows ([B, 1, S, S])
+    padding_mask: str = ""
     # the attention modules (last component of their path) the layouts describe; None: every module whose
     # sequence has a layout's length. LTX-2's audio stream could have the video's length by chance.
     modules: tuple[str, ...] | None = None
@@ -145,7 +155,36 @@ def _hunyuan_video(model, args, kwargs) -> ForwardLayouts:
                                           grid=grid,
                                           source=f"HunyuanVideo: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then "
                                                  f"{valid} text tokens and {n_txt - valid} of padding"),),
-                          padding_mask=True)
+                          padding_mask=KEY_PADDING)
+
+
+def _hunyuan_video15(model, args, kwargs) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs, mask = _arg(args, kwargs, "encoder_hidden_states", 2), _arg(args, kwargs, "encoder_attention_mask", 3)
+    ehs2, mask2 = kwargs.get("encoder_hidden_states_2"), kwargs.get("encoder_attention_mask_2")
+    image = kwargs.get("image_embeds")
+    streams = (hs, ehs, mask, ehs2, mask2, image)
+    if not all(isinstance(t, torch.Tensor) for t in streams) or hs.dim() != 5:
+        return ForwardLayouts((), "HunyuanVideo 1.5: hidden_states [B, C, F, H, W], both text streams with their "
+                                  "masks, or image_embeds missing")
+    n_txt = image.shape[1] + ehs2.shape[1] + ehs.shape[1]
+    # one device read per forward: each item's valid tokens of both text streams, and whether an image is given
+    # (an all-zero image_embeds, over the whole batch, is text to video: the model then masks every image token)
+    given = (image != 0).any().long().expand(mask.shape[0])
+    counts = torch.stack([mask.sum(1), mask2.sum(1), given], 1).tolist()
+    valid = {c[0] + c[1] + c[2] * image.shape[1] for c in counts}
+    if len(valid) != 1:
+        return ForwardLayouts((), f"HunyuanVideo 1.5: the batch's prompts differ in length ({sorted(valid)} tokens)")
+    n_valid = valid.pop()
+    pt, p = model.config.patch_size_t, model.config.patch_size
+    _, _, f, h, w = hs.shape
+    grid = (f // pt, h // p, w // p)
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("text", n_valid), ("padding", n_txt - n_valid),
+                                          grid=grid,
+                                          source=f"HunyuanVideo 1.5: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then "
+                                                 f"{n_valid} valid image and text tokens and {n_txt - n_valid} of "
+                                                 f"padding"),),
+                          padding_mask=PAIR_PADDING)
 
 
 def _mochi(model, args, kwargs) -> ForwardLayouts:
@@ -193,6 +232,7 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "SkyReelsV2Transformer3DModel": _wan,
     "CogVideoXTransformer3DModel": _cogvideox,
     "HunyuanVideoTransformer3DModel": _hunyuan_video,
+    "HunyuanVideo15Transformer3DModel": _hunyuan_video15,
     "MochiTransformer3DModel": _mochi,
     "LTXVideoTransformer3DModel": _ltx,
     "LTX2VideoTransformer3DModel": _ltx2,
@@ -201,7 +241,8 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
 
 
 # families whose boolean attention masks hide only their layout's trailing padding (``ForwardLayouts.padding_mask``)
-FAMILIES_WITH_PADDING_MASKS = frozenset({"HunyuanVideoTransformer3DModel"})
+FAMILIES_WITH_PADDING_MASKS = frozenset({"HunyuanVideoTransformer3DModel",
+                                         "HunyuanVideo15Transformer3DModel"})
 
 
 def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> ForwardLayouts:

@@ -1,11 +1,13 @@
-"""Boolean key masks that hide only padding, served as attention over the keys before it.
+"""Boolean masks that hide only padding, served as attention over the keys before it.
 
 HunyuanVideo appends its text stream, padded to a fixed length, after the video tokens, and passes every joint
-attention call a boolean key mask [B, 1, 1, S] that hides the padding. A mask keeps SDPA off its fastest
-kernels and rules out forms that take none (flash-attn-4, cuDNN's and flash's SDPA). Attention over keys whose
-tail is masked is attention over the keys before that tail: the same function, with the padding neither read nor
-computed. So where a verified family's layout says where its padding starts (``ForwardLayouts.padding_mask``),
-the router hands every form the call over ``key[:, :, :end]`` without a mask, and the host keeps its own call.
+attention call a boolean key mask [B, 1, 1, S] that hides the padding. HunyuanVideo 1.5 passes a square one,
+[B, 1, S, S], that hides the padding's rows too; the host returns zeros there, and so does the router
+(``AttentionInputs.finish``). A mask keeps SDPA off its fastest kernels and rules out forms that take none
+(flash-attn-4, cuDNN's and flash's SDPA). Attention over keys whose tail is masked is attention over the keys
+before that tail: the same function, with the padding neither read nor computed. So where a verified family's
+layout says where its padding starts (``ForwardLayouts.padding_mask``), the router hands every form the call over
+``key[:, :, :end]`` without a mask, and the host keeps its own call.
 
 The layouts are read once per forward by a pre-hook on each such denoiser (one device read: the prompt's length).
 The first mask met per layout and mask shape is compared with the layout (one more); later ones are taken to
@@ -15,12 +17,22 @@ match, as the family builds every mask of a forward from the same count. Any oth
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
-from .families import FAMILIES_WITH_PADDING_MASKS, ForwardLayouts, layouts_of_forward
+from .families import FAMILIES_WITH_PADDING_MASKS, PAIR_PADDING, ForwardLayouts, layouts_of_forward
 
 logger = logging.getLogger("ditgate")
+
+
+@dataclass(frozen=True)
+class PaddingCut:
+    """Where a call's keys end before its padding, and whether the host's rows from there on are zeros (its mask
+    hid those queries from every key too: HunyuanVideo 1.5's)."""
+
+    keys: int
+    zero_rows: bool
 
 
 class PaddingKeys:
@@ -57,9 +69,10 @@ class PaddingKeys:
     def layouts(self, name: str) -> ForwardLayouts:
         return self._forward[name]
 
-    def keys_end(self, site_name: str, module_path: str, q: torch.Tensor, mask: object) -> tuple[int | None, str]:
+    def cut(self, site_name: str, module_path: str, q: torch.Tensor, mask: object) -> tuple[PaddingCut | None, str]:
         """Where the keys of a call with this boolean mask end, when the mask hides exactly the trailing padding
-        of the call's layout; otherwise None and why the call keeps its mask (said once per site)."""
+        of the call's layout (its keys, and for PAIR_PADDING its rows too); otherwise None and why the call keeps
+        its mask (said once per site)."""
         n = q.shape[2]
         denoiser = self._denoiser_of.get(module_path)
         forward = self._forward.get(denoiser) if denoiser is not None else None
@@ -68,17 +81,22 @@ class PaddingKeys:
         layout, why = forward.for_call(module_path, n)
         if layout is None:
             return self._keeps(site_name, why)
+        pairs = forward.padding_mask == PAIR_PADDING
+        rows = n if pairs else 1
         if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4
-                or tuple(mask.shape[1:]) != (1, 1, n)):
+                or tuple(mask.shape[1:]) != (1, rows, n)):
             shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            return self._keeps(site_name, f"mask {shape} is not a boolean key mask [B, 1, 1, {n}]")
+            return self._keeps(site_name, f"mask {shape} is not a boolean mask [B, 1, {rows}, {n}]")
         key = (layout, tuple(mask.shape), str(mask.device))
         if key not in self._checked:
+            # the first row (a video query's keys) and, for a square mask, the first column (which queries see the
+            # first key): the family builds the rest as their outer product
             expected = (torch.arange(n, device=mask.device) < layout.keys_end).expand(mask.shape[0], n)
-            self._checked[key] = torch.equal(mask.reshape(mask.shape[0], n), expected)
+            ok = torch.equal(mask[:, 0, 0, :], expected)
+            self._checked[key] = ok and (not pairs or torch.equal(mask[:, 0, :, 0], expected))
         if not self._checked[key]:
             return self._keeps(site_name, f"the mask hides other keys than the layout's padding ({layout.source})")
-        return layout.keys_end, ""
+        return PaddingCut(layout.keys_end, zero_rows=pairs), ""
 
     def _keeps(self, site_name: str, reason: str) -> tuple[None, str]:
         if (site_name, reason) not in self._said:
