@@ -2,11 +2,12 @@
 
 Rows, all in one process on one model: the stock model under each diffusers attention backend
 (``native``, ``_native_cudnn``, ``_native_flash``, ... whatever is usable here; the others say why)
-and ditgate under each profile. Each profile is calibrated once (its cold pass, reported apart), then
-every round runs every row once on that round's fresh random inputs, rotating the order: a stock row
-sets its backend and puts the process default back afterwards (diffusers' ``reset_attention_backend``
-alone leaves the last backend as the process default), a ditgate row re-attaches from the receipt its
-calibration wrote (no measuring) and detaches after.
+and ditgate under each profile, with the sparse stage where asked (``DitgateRow``: per profile that allows
+bounded forms, and per block-sparse form served without measuring). Each ditgate row is calibrated once (its
+cold pass, reported apart), then every round runs every row once on that round's fresh random inputs, rotating
+the order: a stock row sets its backend and puts the process default back afterwards (diffusers'
+``reset_attention_backend`` alone leaves the last backend as the process default), a ditgate row re-attaches
+from the receipt its calibration wrote (no measuring) and detaches after, counting the sites each route served.
 """
 
 from __future__ import annotations
