@@ -12,7 +12,7 @@ from ditgate.hosts import model_output
 from ditgate.models.presets import get_preset
 
 TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video",
-        "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2")
+        "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos")
 
 
 class Tiny:

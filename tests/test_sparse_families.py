@@ -25,7 +25,8 @@ def _first_self_queries(tiny: Tiny, **overrides) -> torch.Tensor:
 
 @pytest.mark.parametrize("name, kinds", [("tiny-wan", {"video"}), ("tiny-ltx", {"video"}),
                                          ("tiny-flux", {"text", "image"}), ("tiny-cogvideox", {"text", "video"}),
-                                         ("tiny-wan-vace", {"video"}), ("tiny-skyreels-v2", {"video"})])
+                                         ("tiny-wan-vace", {"video"}), ("tiny-skyreels-v2", {"video"}),
+                                         ("tiny-cosmos", {"video"})])
 def test_the_layout_puts_every_text_token_where_the_model_keeps_it(name, kinds):
     tiny = Tiny(name)
     found = layouts_of_forward(tiny.model, (), tiny.inputs)
@@ -187,3 +188,32 @@ def test_hunyuan_video15_puts_the_latent_first_then_valid_image_and_text_then_th
     given = {**tiny.inputs, "image_embeds": torch.randn_like(tiny.inputs["image_embeds"])}  # image to video
     assert [(s.kind, s.end - s.start) for s in layouts_of_forward(tiny.model, (), given).layouts[0].segments] == [
         ("video", 128), ("text", 14), ("padding", 3)]
+
+
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-skyreels-v2", "tiny-cosmos", "tiny-hunyuan-video", "tiny-mochi",
+                                  "tiny-cogvideox"])
+def test_the_first_latent_frame_is_the_first_row_of_the_grid(name):
+    """The grid's order (frame, row, column): changing the latent's first frame moves exactly the video segment's
+    first frame of tokens at the first attention call."""
+    tiny = Tiny(name)
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs).layouts[0]
+    video = layout.visual()
+    per_frame = layout.grid[1] * layout.grid[2]
+    hs = tiny.inputs["hidden_states"].clone()
+    frame_dim = 1 if name == "tiny-cogvideox" else 2  # CogVideoX's latent is [B, F, C, H, W]
+    hs.select(frame_dim, 0).add_(1.0)
+
+    def first_over_the_layout(**overrides):  # HunyuanVideo's token refiner attends over its text alone first
+        cap = CaptureForm()
+        plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
+        try:
+            tiny.forward(**overrides)
+        finally:
+            plan.detach()
+        return next(x for x in cap.queries if x.shape[2] == layout.length)
+
+    q = first_over_the_layout()
+    moved = (first_over_the_layout(hidden_states=hs) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+    expected = torch.zeros(layout.length, dtype=torch.bool)
+    expected[video.start: video.start + per_frame] = True
+    assert torch.equal(moved, expected)

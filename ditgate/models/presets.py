@@ -166,6 +166,16 @@ def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
+def _cosmos_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    g, c = p.geometry, model.config
+    return dict(
+        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        timestep=torch.tensor([0.5], device=device, dtype=dtype),
+        encoder_hidden_states=_rand(gen, (1, g["text"], c.text_embed_dim), device, dtype),
+        return_dict=False,
+    )
+
+
 def _flux_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     h, w, text = g["height"] // 2, g["width"] // 2, g["text"]
@@ -222,6 +232,7 @@ _FAMILY_CLASS = {
     "wan": _cls("WanTransformer3DModel"),
     "wan_vace": _cls("WanVACETransformer3DModel"),
     "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
+    "cosmos": _cls("CosmosTransformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
     "hunyuan_video": _cls("HunyuanVideoTransformer3DModel"),
     "hunyuan_video15": _cls("HunyuanVideo15Transformer3DModel"),
@@ -235,6 +246,7 @@ _FAMILY_INPUTS = {
     "wan": _wan_inputs,
     "wan_vace": _wan_vace_inputs,
     "skyreels_v2": _wan_inputs,
+    "cosmos": _cosmos_inputs,
     "flux": _flux_inputs,
     "hunyuan_video": _hunyuan_video_inputs,
     "hunyuan_video15": _hunyuan_video15_inputs,
@@ -298,6 +310,13 @@ PRESETS: dict[str, ModelPreset] = {
                     "tokens)", dict(patch_size=2, num_attention_heads=2, attention_head_dim=16, num_layers=2,
                                     pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=16,
                                     max_sequence_length=8),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-cosmos", "cosmos", "Cosmos, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens; no padding "
+                    "mask channel, which needs torchvision)",
+                    dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+                         text_embed_dim=16, adaln_lora_dim=8, max_size=(8, 16, 16), patch_size=(1, 2, 2),
+                         encoder_hidden_states_channels=16, crossattn_proj_in_channels=16,
+                         concat_padding_mask=False),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-flux", "flux", "Flux, 1+1 layers, 2 heads x 16, 8x8 latent (16 image + 8 text)", _TINY_FLUX,
                     dict(height=8, width=8, text=8, patch_area=4)),

@@ -9,8 +9,9 @@ changes exactly the rows the layout gives it at the first attention site):
   (frame, row, column) order; self-attention sees video tokens only (text enters by cross-attention).
 - LTX-Video (``LTXVideoTransformer3DModel``): packed ``hidden_states`` [B, F·H·W, C] with ``num_frames``,
   ``height``, ``width`` given; self-attention sees video tokens only.
-- Wan VACE (``WanVACETransformer3DModel``) and SkyReels-V2 (``SkyReelsV2Transformer3DModel``): Wan's
-  patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
+- Wan VACE (``WanVACETransformer3DModel``), SkyReels-V2 (``SkyReelsV2Transformer3DModel``) and Cosmos
+  (``CosmosTransformer3DModel``, whose condition and padding masks join the latent's channels, not its tokens):
+  Wan's patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
   SkyReels-V2's diffusion forcing passes a causal block mask, and masked calls stay dense (the router).
 - LTX-2 (``LTX2VideoTransformer3DModel``): the video stream as LTX-Video packs it, for the video self-attention
   (``attn1``) only; the audio stream's self-attention and the cross-modal attention stay dense.
@@ -92,7 +93,7 @@ def _arg(args: tuple, kwargs: dict, name: str, index: int):
 
 def _wan(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
-    family = type(model).__name__.removesuffix("Transformer3DModel")  # Wan, WanVACE, SkyReelsV2
+    family = type(model).__name__.removesuffix("Transformer3DModel")  # Wan, WanVACE, SkyReelsV2, Cosmos
     if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
         return ForwardLayouts((), f"{family}: hidden_states is not a [B, C, F, H, W] tensor")
     pt, ph, pw = model.config.patch_size
@@ -230,6 +231,7 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "WanTransformer3DModel": _wan,
     "WanVACETransformer3DModel": _wan,
     "SkyReelsV2Transformer3DModel": _wan,
+    "CosmosTransformer3DModel": _wan,
     "CogVideoXTransformer3DModel": _cogvideox,
     "HunyuanVideoTransformer3DModel": _hunyuan_video,
     "HunyuanVideo15Transformer3DModel": _hunyuan_video15,
