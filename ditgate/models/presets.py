@@ -343,6 +343,9 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("cogvideox-5b-720x480x49", "cogvideox", "CogVideoX 5B, 720x480, 49 frames (226 text + 17550 "
                     "video tokens; the rotary embedding its pipeline passes is left out)", _COGVIDEOX_5B,
                     dict(frames=13, height=60, width=90, text=226, patch_area=4)),
+        ModelPreset("mochi-848x480x163", "mochi", "Mochi 1 (10B, its class's default configuration), 848x480, 163 "
+                    "frames (44520 video + up to 256 text tokens)", dict(num_layers=48),
+                    dict(frames=28, height=60, width=106, text=256, patch_area=4)),
         ModelPreset("flux-dev-1024", "flux", "Flux.1-dev, 1024x1024 (4096 image + 512 text tokens)", _FLUX_DEV,
                     dict(height=128, width=128, text=512, patch_area=4)),
     )
