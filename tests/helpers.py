@@ -73,3 +73,8 @@ class CaptureForm(FakeForm):
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         self.queries.append(inputs.query.clone())
         return sdpa(inputs)
+
+
+def routes_of(plan) -> dict[str, dict[tuple[str, str], int]]:
+    """Per site: calls per (route, reason), from the plan's report."""
+    return {s.name: {(c.route, c.reason): c.calls for c in s.routes} for s in plan.report().sites}

@@ -9,7 +9,7 @@ import ditgate
 from ditgate.forms import MaskKind
 from ditgate.models.presets import get_preset
 
-from .helpers import FakeForm, Tiny
+from .helpers import FakeForm, Tiny, routes_of
 
 
 class _Seen(FakeForm):
@@ -24,18 +24,21 @@ class _Seen(FakeForm):
         return super().run(inputs)
 
 
-def _routes(plan):
-    return {s.name: {(c.route, c.reason): c.calls for c in s.routes} for s in plan.report().sites}
-
-
-def test_a_form_without_masks_serves_hunyuan_videos_masked_calls_exactly():
-    tiny = Tiny("tiny-hunyuan-video")  # 32 video tokens, then 6 text and 2 of padding
+def _host_then_routed(tiny: Tiny) -> tuple[torch.Tensor, torch.Tensor, dict, _Seen]:
+    """The host's forward, then one routed through a static plan of the maskless form: both outputs, the plan's
+    routes and the form (which kept every key length it saw)."""
     host = tiny.forward()
     seen = _Seen()
     plan = ditgate.attach(tiny.model, forms=["nomask"], measure=False, extra_forms=[seen])
     routed = tiny.forward()
-    routes = _routes(plan)
+    routes = routes_of(plan)
     plan.detach()
+    return host, routed, routes, seen
+
+
+def test_a_form_without_masks_serves_hunyuan_videos_masked_calls_exactly():
+    tiny = Tiny("tiny-hunyuan-video")  # 32 video tokens, then 6 text and 2 of padding
+    host, routed, routes, seen = _host_then_routed(tiny)
     assert routes["transformer_blocks.0.attn"] == {("nomask", ""): 1}
     assert routes["single_transformer_blocks.0.attn"] == {("nomask", ""): 1}
     # the token refiner's attention over the text alone has no layout: it keeps its mask, and the host serves it
@@ -79,12 +82,7 @@ def test_hunyuan_video15s_square_masks_are_cut_and_their_padding_rows_zeroed():
     block = tiny.model.transformer_blocks[0].attn
     outs = []
     handle = block.register_forward_hook(lambda m, a, kw, out: outs.append(out), with_kwargs=True)
-    host = tiny.forward()
-    seen = _Seen()
-    plan = ditgate.attach(tiny.model, forms=["nomask"], measure=False, extra_forms=[seen])
-    routed = tiny.forward()
-    routes = _routes(plan)
-    plan.detach()
+    host, routed, routes, seen = _host_then_routed(tiny)
     handle.remove()
     assert routes["transformer_blocks.0.attn"] == {("nomask", ""): 1}
     assert seen.keys == [137]

@@ -13,14 +13,16 @@ from ditgate.sparse.families import layouts_of_forward
 from .helpers import CaptureForm, Tiny
 
 
-def _first_self_queries(tiny: Tiny, **overrides) -> torch.Tensor:
+def _first_self_queries(tiny: Tiny, length: int | None = None, **overrides) -> torch.Tensor:
+    """The queries of the forward's first attention call, or of its first over ``length`` tokens (HunyuanVideo's
+    token refiner attends over its text alone first)."""
     cap = CaptureForm()
     plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
     try:
         tiny.forward(**overrides)
     finally:
         plan.detach()
-    return cap.queries[0]
+    return next(x for x in cap.queries if length is None or x.shape[2] == length)
 
 
 @pytest.mark.parametrize("name, kinds", [("tiny-wan", {"video"}), ("tiny-ltx", {"video"}),
@@ -168,22 +170,13 @@ def test_hunyuan_video15_puts_the_latent_first_then_valid_image_and_text_then_th
     layout = found.layouts[0]
     assert found.padding_mask == "queries and keys"
     assert [(s.kind, s.end - s.start) for s in layout.segments] == [("video", 128), ("text", 9), ("padding", 8)]
-
-    def joint(**overrides):
-        cap = CaptureForm()
-        plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
-        try:
-            tiny.forward(**overrides)
-        finally:
-            plan.detach()
-        return next(x for x in cap.queries if x.shape[2] == layout.length)
-
-    q = joint()
+    q = _first_self_queries(tiny, layout.length)
     kinds = layout.token_kinds()
-    latent = (joint(hidden_states=tiny.inputs["hidden_states"] + 1.0) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+    latent = (_first_self_queries(tiny, layout.length, hidden_states=tiny.inputs["hidden_states"] + 1.0)
+              - q).abs().amax(dim=(0, 1, 3)) > 1e-6
     assert torch.equal(latent, torch.tensor([k == "video" for k in kinds]))
-    prompt = (joint(encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0) - q).abs().amax(
-        dim=(0, 1, 3)) > 1e-6
+    prompt = (_first_self_queries(tiny, layout.length, encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0)
+              - q).abs().amax(dim=(0, 1, 3)) > 1e-6
     assert prompt.sum() == 6 and all(kinds[i] == "text" for i in torch.nonzero(prompt).flatten().tolist())
     given = {**tiny.inputs, "image_embeds": torch.randn_like(tiny.inputs["image_embeds"])}  # image to video
     assert [(s.kind, s.end - s.start) for s in layouts_of_forward(tiny.model, (), given).layouts[0].segments] == [
@@ -202,18 +195,8 @@ def test_the_first_latent_frame_is_the_first_row_of_the_grid(name):
     hs = tiny.inputs["hidden_states"].clone()
     frame_dim = 1 if name == "tiny-cogvideox" else 2  # CogVideoX's latent is [B, F, C, H, W]
     hs.select(frame_dim, 0).add_(1.0)
-
-    def first_over_the_layout(**overrides):  # HunyuanVideo's token refiner attends over its text alone first
-        cap = CaptureForm()
-        plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
-        try:
-            tiny.forward(**overrides)
-        finally:
-            plan.detach()
-        return next(x for x in cap.queries if x.shape[2] == layout.length)
-
-    q = first_over_the_layout()
-    moved = (first_over_the_layout(hidden_states=hs) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+    q = _first_self_queries(tiny, layout.length)
+    moved = (_first_self_queries(tiny, layout.length, hidden_states=hs) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
     expected = torch.zeros(layout.length, dtype=torch.bool)
     expected[video.start: video.start + per_frame] = True
     assert torch.equal(moved, expected)

@@ -10,6 +10,8 @@ from ditgate.gate.verdict import LESS_ACCURATE, SLOWER, UNSUPPORTED
 from ditgate.models.presets import get_preset
 from ditgate.hosts import model_output
 
+from .helpers import routes_of
+
 pytest.importorskip("torch.nn.attention.flex_attention")
 
 
@@ -23,10 +25,6 @@ def _wan(frames=4, size=16):
 def _forward(model, inputs, t):
     with torch.no_grad():
         return model_output(model(**{**inputs, "timestep": torch.tensor([t])})).clone()
-
-
-def _routes(plan):
-    return {s.name: {(c.route, c.reason): c.calls for c in s.routes} for s in plan.report().sites}
 
 
 def _setting(**schedule):
@@ -48,7 +46,7 @@ def test_the_schedule_keeps_the_first_steps_and_layers_dense_and_says_why():
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting(dense_steps=1, dense_layers=1))
     out0 = _forward(model, inputs, 900)  # step 0: dense by the schedule
     out1 = _forward(model, inputs, 800)  # step 1: layer 1 sparse, layer 0 dense
-    routes = _routes(plan)
+    routes = routes_of(plan)
     plan.detach()
     assert torch.equal(out0, ref0)
     assert routes["blocks.0.attn1"] == {("host", "sparse: layer 0 runs dense (schedule: first 1)"): 2}
@@ -64,7 +62,7 @@ def test_an_unverified_family_stays_dense_with_the_reason():
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
     with torch.no_grad():
         model(**tiny.inputs(model))
-    reasons = {r for s in _routes(plan).values() for (_, r) in s}
+    reasons = {r for s in routes_of(plan).values() for (_, r) in s}
     plan.detach()
     assert any("no verified token layout for PixArtTransformer2DModel" in r for r in reasons)
 
@@ -82,7 +80,7 @@ def test_cogvideox_joint_attention_goes_sparse_with_its_text_kept_whole():
     handle = model.transformer_blocks[0].attn1.register_forward_hook(lambda m, a, kw, out: seen.append(out),
                                                                       with_kwargs=True)
     out = _forward(model, inputs, 500)
-    routes = _routes(plan)
+    routes = routes_of(plan)
     handle.remove()
     plan.detach()
     dense = []
@@ -212,7 +210,7 @@ def test_hunyuan_video_masked_calls_go_sparse_over_the_keys_before_the_padding()
     block = model.transformer_blocks[0].attn
     handle = block.register_forward_hook(lambda m, a, kw, out: seen.setdefault("sparse", out), with_kwargs=True)
     out = _forward(model, inputs, 500)
-    routes = _routes(plan)
+    routes = routes_of(plan)
     handle.remove()
     plan.detach()
     handle = block.register_forward_hook(lambda m, a, kw, out: seen.setdefault("dense", out), with_kwargs=True)
@@ -278,7 +276,7 @@ def test_ltx2_video_self_attention_goes_sparse_and_the_audio_stream_stays_dense(
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
     with torch.no_grad():
         model(**inputs)
-    routes = _routes(plan)
+    routes = routes_of(plan)
     plan.detach()
     assert routes["transformer_blocks.0.attn1"] == {("flex_sparse", ""): 1}
     assert routes["transformer_blocks.0.audio_attn1"] == {
@@ -309,7 +307,7 @@ def test_mochi_joint_attention_goes_sparse():
     ref = _forward(model, inputs, 500)
     plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
     out = _forward(model, inputs, 500)
-    routes = _routes(plan)
+    routes = routes_of(plan)
     plan.detach()
     assert torch.equal(_forward(model, inputs, 500), ref)  # detached: the model as it was
     assert routes["transformer_blocks.0.attn1"] == {("flex_sparse", ""): 1}

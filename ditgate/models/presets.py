@@ -68,16 +68,27 @@ def _rand(gen, shape, device, dtype):
     return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
 
 
+def _padded_mask(n: int, device) -> torch.Tensor:
+    """Bool [1, n]: a prompt whose last quarter (at least one token) is padding, as a tokenizer pads."""
+    mask = torch.ones(1, n, dtype=torch.bool)
+    mask[:, n - max(1, n // 4):] = False
+    return mask.to(device=device)
+
+
+def _latent(p: ModelPreset, model, gen, device, dtype) -> torch.Tensor:
+    """The [1, C, F, H, W] latent that Wan, HunyuanVideo, Mochi and Cosmos take."""
+    g = p.geometry
+    return _rand(gen, (1, model.config.in_channels, g["frames"], g["height"], g["width"]), device, dtype)
+
+
 def _ltx_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     f, h, w, text = g["frames"], g["height"], g["width"], g["text"]
-    mask = torch.ones(1, text, dtype=torch.bool)
-    mask[:, text - max(1, text // 4):] = False  # padded caption tail, as a tokenizer pads
     return dict(
         hidden_states=_rand(gen, (1, f * h * w, c.in_channels), device, dtype),
         encoder_hidden_states=_rand(gen, (1, text, c.caption_channels), device, dtype),
         timestep=torch.tensor([500], device=device),
-        encoder_attention_mask=mask.to(device=device, dtype=dtype),
+        encoder_attention_mask=_padded_mask(text, device).to(dtype=dtype),
         num_frames=f, height=h, width=w,
         return_dict=False,
     )
@@ -100,7 +111,7 @@ def _ltx2_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
 def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     return dict(
-        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        hidden_states=_latent(p, model, gen, device, dtype),
         timestep=torch.tensor([500], device=device),
         encoder_hidden_states=_rand(gen, (1, g["text"], c.text_dim), device, dtype),
         return_dict=False,
@@ -116,13 +127,11 @@ def _wan_vace_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
 def _hunyuan_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     text = g["text"]
-    mask = torch.ones(1, text, dtype=torch.bool)
-    mask[:, text - max(1, text // 4):] = False  # padded caption tail, as a tokenizer pads
     out = dict(
-        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        hidden_states=_latent(p, model, gen, device, dtype),
         timestep=torch.tensor([500], device=device),
         encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
-        encoder_attention_mask=mask.to(device=device),
+        encoder_attention_mask=_padded_mask(text, device),
         pooled_projections=_rand(gen, (1, c.pooled_projection_dim), device, dtype),
         return_dict=False,
     )
@@ -135,18 +144,13 @@ def _hunyuan_video15_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     """Text to video: an all-zero image, as the pipeline passes when no image is given."""
     g, c = p.geometry, model.config
     text, glyphs, image = g["text"], g["glyph_text"], g["image"]
-    masks = []
-    for n in (text, glyphs):
-        mask = torch.ones(1, n, dtype=torch.bool)
-        mask[:, n - max(1, n // 4):] = False  # padded tails, as the tokenizers pad
-        masks.append(mask.to(device=device))
     return dict(
-        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        hidden_states=_latent(p, model, gen, device, dtype),
         timestep=torch.tensor([500.0], device=device, dtype=dtype),
         encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
-        encoder_attention_mask=masks[0],
+        encoder_attention_mask=_padded_mask(text, device),
         encoder_hidden_states_2=_rand(gen, (1, glyphs, c.text_embed_2_dim), device, dtype),
-        encoder_attention_mask_2=masks[1],
+        encoder_attention_mask_2=_padded_mask(glyphs, device),
         image_embeds=torch.zeros(1, image, c.image_embed_dim, device=device, dtype=dtype),
         return_dict=False,
     )
@@ -155,13 +159,11 @@ def _hunyuan_video15_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
 def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     text = g["text"]
-    mask = torch.ones(1, text, dtype=torch.bool)
-    mask[:, text - max(1, text // 4):] = False  # padded caption tail, as a tokenizer pads
     return dict(
-        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        hidden_states=_latent(p, model, gen, device, dtype),
         encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
         timestep=torch.tensor([500], device=device),
-        encoder_attention_mask=mask.to(device=device),
+        encoder_attention_mask=_padded_mask(text, device),
         return_dict=False,
     )
 
@@ -169,7 +171,7 @@ def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
 def _cosmos_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     return dict(
-        hidden_states=_rand(gen, (1, c.in_channels, g["frames"], g["height"], g["width"]), device, dtype),
+        hidden_states=_latent(p, model, gen, device, dtype),
         timestep=torch.tensor([0.5], device=device, dtype=dtype),
         encoder_hidden_states=_rand(gen, (1, g["text"], c.text_embed_dim), device, dtype),
         return_dict=False,

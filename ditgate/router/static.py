@@ -20,11 +20,11 @@ class StaticChooser:
 
     def decide(self, site: SiteRouter, call: AttentionCall) -> Decision:
         refusals = []
+        padded = call.mask is MaskKind.BOOLEAN and site.context.padding is not None and \
+            site.context.padding.covers_path(site.module_path)  # the mask may be dropped at serve time
         for name in self.order:
             probe = call
             takes_selection = site.context.forms[name].spec.takes_selection
-            padded = call.mask is MaskKind.BOOLEAN and site.context.padding is not None and \
-                site.context.padding.covers_path(site.module_path)  # the mask may be dropped at serve time
             if takes_selection and (call.mask is MaskKind.NONE or padded) and site.context.sparse is not None:
                 probe = dataclasses.replace(call, mask=MaskKind.BLOCK)  # the stage selects at serve time, or says why
             elif padded:

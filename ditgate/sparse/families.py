@@ -145,18 +145,8 @@ def _hunyuan_video(model, args, kwargs) -> ForwardLayouts:
     n_txt = ehs.shape[1]
     if not isinstance(mask, torch.Tensor) or mask.shape != ehs.shape[:2]:
         return ForwardLayouts((), "HunyuanVideo: encoder_attention_mask [B, text] missing")
-    counts = set(mask.sum(dim=1, dtype=torch.int64).tolist())  # one device read per forward
-    if len(counts) != 1:
-        return ForwardLayouts((), f"HunyuanVideo: the batch's prompts differ in length ({sorted(counts)} tokens)")
-    valid = counts.pop()
-    p, pt = model.config.patch_size, model.config.patch_size_t
-    _, _, f, h, w = hs.shape
-    grid = (f // pt, h // p, w // p)
-    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("text", valid), ("padding", n_txt - valid),
-                                          grid=grid,
-                                          source=f"HunyuanVideo: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then "
-                                                 f"{valid} text tokens and {n_txt - valid} of padding"),),
-                          padding_mask=KEY_PADDING)
+    counts = mask.sum(dim=1, dtype=torch.int64).tolist()  # one device read per forward
+    return _latent_then_padded_text("HunyuanVideo", model, hs, counts, n_txt, "text tokens", KEY_PADDING)
 
 
 def _hunyuan_video15(model, args, kwargs) -> ForwardLayouts:
@@ -172,20 +162,27 @@ def _hunyuan_video15(model, args, kwargs) -> ForwardLayouts:
     # one device read per forward: each item's valid tokens of both text streams, and whether an image is given
     # (an all-zero image_embeds, over the whole batch, is text to video: the model then masks every image token)
     given = (image != 0).any().long().expand(mask.shape[0])
-    counts = torch.stack([mask.sum(1), mask2.sum(1), given], 1).tolist()
-    valid = {c[0] + c[1] + c[2] * image.shape[1] for c in counts}
-    if len(valid) != 1:
-        return ForwardLayouts((), f"HunyuanVideo 1.5: the batch's prompts differ in length ({sorted(valid)} tokens)")
-    n_valid = valid.pop()
+    counts = [a + b + g * image.shape[1] for a, b, g in torch.stack([mask.sum(1), mask2.sum(1), given], 1).tolist()]
+    return _latent_then_padded_text("HunyuanVideo 1.5", model, hs, counts, n_txt, "valid image and text tokens",
+                                    PAIR_PADDING)
+
+
+def _latent_then_padded_text(family: str, model, hs: torch.Tensor, counts: list[int], n_txt: int, what: str,
+                             padding_mask: str) -> ForwardLayouts:
+    """HunyuanVideo's packing: the latent [B, C, F, H, W] patchified by ``patch_size_t`` x ``patch_size``², then a
+    text stream of ``n_txt`` tokens whose first ``counts[i]`` are valid for batch item ``i`` and the rest padding.
+    Items that differ in their count have no layout (one mask per call serves them all)."""
+    if len(set(counts)) != 1:
+        return ForwardLayouts((), f"{family}: the batch's prompts differ in length ({sorted(set(counts))} tokens)")
+    valid = counts[0]
     pt, p = model.config.patch_size_t, model.config.patch_size
     _, _, f, h, w = hs.shape
     grid = (f // pt, h // p, w // p)
-    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("text", n_valid), ("padding", n_txt - n_valid),
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("text", valid), ("padding", n_txt - valid),
                                           grid=grid,
-                                          source=f"HunyuanVideo 1.5: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then "
-                                                 f"{n_valid} valid image and text tokens and {n_txt - n_valid} of "
-                                                 f"padding"),),
-                          padding_mask=PAIR_PADDING)
+                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then {valid} "
+                                                 f"{what} and {n_txt - valid} of padding"),),
+                          padding_mask=padding_mask)
 
 
 def _mochi(model, args, kwargs) -> ForwardLayouts:
