@@ -12,7 +12,9 @@ from ditgate.hosts import model_output
 from ditgate.models.presets import get_preset
 
 TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video",
-        "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos")
+        "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos", "tiny-chronoedit", "tiny-wan-animate",
+        "tiny-framepack", "tiny-consisid", "tiny-easyanimate", "tiny-allegro",
+        "tiny-kandinsky5", "tiny-helios")
 
 
 class Tiny:
@@ -25,6 +27,11 @@ class Tiny:
         with torch.no_grad():
             return model_output(self.model(**{**self.inputs, **overrides})).clone()
 
+
+def twice(inputs: dict) -> dict:
+    """The same inputs as a batch of two: every batched tensor repeated (frame indices are not batched)."""
+    return {k: (v.expand(2, *v.shape[1:]) if isinstance(v, torch.Tensor) and v.dim() > 1 and not k.startswith("indices")
+                else v) for k, v in inputs.items()}
 
 
 def sdpa(inputs: AttentionInputs) -> torch.Tensor:

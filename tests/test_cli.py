@@ -18,7 +18,8 @@ def test_doctor_lists_every_form_with_reasons():
     assert {"fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex", "sage"} <= names
     assert all(f["available"] or f["reason"] for f in data["forms"])
     assert {"HunyuanVideoTransformer3DModel", "WanTransformer3DModel"} <= set(data["sparse_layouts"])
-    assert data["padding_masks"] == ["HunyuanVideo15Transformer3DModel", "HunyuanVideoTransformer3DModel"]
+    assert data["padding_masks"] == ["HunyuanVideo15Transformer3DModel", "HunyuanVideoFramepackTransformer3DModel",
+                                     "HunyuanVideoTransformer3DModel"]
     table = _ditgate("doctor")
     assert table.returncode == 0 and "sdpa_cudnn" in table.stdout and "forms available here" in table.stdout
     assert "Sparse stage layouts read for" in table.stdout

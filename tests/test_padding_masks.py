@@ -9,7 +9,7 @@ import ditgate
 from ditgate.forms import MaskKind
 from ditgate.models.presets import get_preset
 
-from .helpers import FakeForm, Tiny, routes_of
+from .helpers import FakeForm, Tiny, routes_of, twice
 
 
 class _Seen(FakeForm):
@@ -47,6 +47,17 @@ def test_a_form_without_masks_serves_hunyuan_videos_masked_calls_exactly():
     assert seen.keys == [38, 38]  # the two padding keys were never read
     assert (routed - host).norm() / host.norm() < 1e-5
     assert torch.equal(tiny.forward(), host)  # detached: as it was
+
+
+def test_framepacks_two_prompt_batches_are_served_over_the_keys_before_the_padding():
+    """With one prompt Framepack cuts the text's padding off itself; with two it masks it ([B, 1, 1, S])."""
+    tiny = Tiny("tiny-framepack")  # 37 history, 32 video, 3 image and 6 text tokens, then 2 of padding
+    tiny.inputs = twice(tiny.inputs)
+    host, routed, routes, seen = _host_then_routed(tiny)
+    assert routes["transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    assert routes["single_transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    assert seen.keys == [78, 78]
+    assert (routed - host).norm() / host.norm() < 1e-5
 
 
 @pytest.mark.parametrize("name", ["tiny-hunyuan-video", "tiny-hunyuan-video15"])

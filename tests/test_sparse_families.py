@@ -10,7 +10,7 @@ import torch
 import ditgate
 from ditgate.sparse.families import layouts_of_forward
 
-from .helpers import CaptureForm, Tiny
+from .helpers import CaptureForm, Tiny, twice
 
 
 def _first_self_queries(tiny: Tiny, length: int | None = None, **overrides) -> torch.Tensor:
@@ -28,7 +28,10 @@ def _first_self_queries(tiny: Tiny, length: int | None = None, **overrides) -> t
 @pytest.mark.parametrize("name, kinds", [("tiny-wan", {"video"}), ("tiny-ltx", {"video"}),
                                          ("tiny-flux", {"text", "image"}), ("tiny-cogvideox", {"text", "video"}),
                                          ("tiny-wan-vace", {"video"}), ("tiny-skyreels-v2", {"video"}),
-                                         ("tiny-cosmos", {"video"})])
+                                         ("tiny-cosmos", {"video"}), ("tiny-chronoedit", {"video"}),
+                                         ("tiny-allegro", {"video"}), ("tiny-consisid", {"text", "video"}),
+                                         ("tiny-easyanimate", {"text", "video"}),
+                                         ("tiny-helios", {"conditioning", "video"})])
 def test_the_layout_puts_every_text_token_where_the_model_keeps_it(name, kinds):
     tiny = Tiny(name)
     found = layouts_of_forward(tiny.model, (), tiny.inputs)
@@ -184,7 +187,8 @@ def test_hunyuan_video15_puts_the_latent_first_then_valid_image_and_text_then_th
 
 
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-skyreels-v2", "tiny-cosmos", "tiny-hunyuan-video", "tiny-mochi",
-                                  "tiny-cogvideox"])
+                                  "tiny-cogvideox", "tiny-consisid", "tiny-chronoedit", "tiny-allegro",
+                                  "tiny-easyanimate", "tiny-framepack", "tiny-kandinsky5", "tiny-helios"])
 def test_the_first_latent_frame_is_the_first_row_of_the_grid(name):
     """The grid's order (frame, row, column): changing the latent's first frame moves exactly the video segment's
     first frame of tokens at the first attention call."""
@@ -193,10 +197,93 @@ def test_the_first_latent_frame_is_the_first_row_of_the_grid(name):
     video = layout.visual()
     per_frame = layout.grid[1] * layout.grid[2]
     hs = tiny.inputs["hidden_states"].clone()
-    frame_dim = 1 if name == "tiny-cogvideox" else 2  # CogVideoX's latent is [B, F, C, H, W]
+    # CogVideoX's latent is [B, F, C, H, W], Kandinsky 5's [B, F, H, W, C]
+    frame_dim = 1 if name in ("tiny-cogvideox", "tiny-consisid", "tiny-kandinsky5") else 2
     hs.select(frame_dim, 0).add_(1.0)
     q = _first_self_queries(tiny, layout.length)
     moved = (_first_self_queries(tiny, layout.length, hidden_states=hs) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
     expected = torch.zeros(layout.length, dtype=torch.bool)
     expected[video.start: video.start + per_frame] = True
     assert torch.equal(moved, expected)
+
+
+def _rows_moved_by(tiny: Tiny, length: int, **changed) -> torch.Tensor:
+    """Bool [length]: the query rows of the first attention call over ``length`` tokens that ``changed`` moves."""
+    q = _first_self_queries(tiny, length)
+    return (_first_self_queries(tiny, length, **changed) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
+
+
+def test_wan_animate_keeps_the_reference_frame_dense_and_sparsifies_the_posed_frames():
+    """The reference character's latent is the first frame: changing it moves exactly the conditioning rows, and
+    the pose, which the host adds to the other frames, moves exactly the video rows."""
+    tiny = Tiny("tiny-wan-animate")
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("conditioning", 16), ("video", 32)]
+    assert layout.grid == (2, 4, 4)
+    kinds = layout.token_kinds()
+    reference = tiny.inputs["hidden_states"].clone()
+    reference[:, :, 0] += 1.0
+    assert torch.equal(_rows_moved_by(tiny, layout.length, hidden_states=reference),
+                       torch.tensor([k == "conditioning" for k in kinds]))
+    pose = tiny.inputs["pose_hidden_states"] + 1.0
+    assert torch.equal(_rows_moved_by(tiny, layout.length, pose_hidden_states=pose),
+                       torch.tensor([k == "video" for k in kinds]))
+
+
+@pytest.mark.parametrize("name, history", [
+    ("tiny-framepack", ("latents_clean", "latents_history_2x", "latents_history_4x")),
+    ("tiny-helios", ("latents_history_short", "latents_history_mid", "latents_history_long"))])
+def test_the_history_streams_are_the_conditioning_before_the_window(name, history):
+    """Three history streams (2 clean frames of 4x4 tokens, 2 frames patched to 1x2x2, 4 frames to 1x1x1) come
+    first: changing them moves exactly those 37 rows, and the latent window exactly the video rows."""
+    tiny = Tiny(name)
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs).layouts[0]
+    assert layout.segments[0].kind == "conditioning" and layout.segments[0].end == 37
+    assert layout.segments[1].kind == "video" and layout.segments[1].end == 37 + 32 and layout.grid == (2, 4, 4)
+    kinds = layout.token_kinds()
+    assert torch.equal(_rows_moved_by(tiny, layout.length, **{k: tiny.inputs[k] + 1.0 for k in history}),
+                       torch.tensor([i < 37 for i in range(layout.length)]))
+    assert torch.equal(_rows_moved_by(tiny, layout.length, hidden_states=tiny.inputs["hidden_states"] + 1.0),
+                       torch.tensor([k == "video" for k in kinds]))
+    no_history = {**tiny.inputs, "indices_" + history[2]: None, history[2]: None}
+    assert layouts_of_forward(tiny.model, (), no_history).layouts[0].segments[0].end == 37 - 1  # no 4x stream
+
+
+def test_framepack_puts_the_image_and_the_valid_text_after_the_window():
+    tiny = Tiny("tiny-framepack")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    layout = found.layouts[0]
+    # one prompt: the host cuts the 2 padding tokens off
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [
+        ("conditioning", 37), ("video", 32), ("conditioning", 3), ("text", 6)]
+    assert found.padding_mask == "keys"
+    assert torch.equal(_rows_moved_by(tiny, layout.length, image_embeds=tiny.inputs["image_embeds"] + 1.0),
+                       torch.tensor([37 + 32 <= i < 37 + 32 + 3 for i in range(layout.length)]))
+
+
+def test_framepack_with_two_prompts_masks_the_padding_that_follows_the_text():
+    tiny = Tiny("tiny-framepack")
+    two = twice(tiny.inputs)
+    found = layouts_of_forward(tiny.model, (), two)
+    assert [(s.kind, s.end - s.start) for s in found.layouts[0].segments][-2:] == [("text", 6), ("padding", 2)]
+    q = _first_self_queries(tiny, found.layouts[0].length, **two)
+    assert q.shape[0] == 2
+    two["encoder_attention_mask"] = torch.tensor([[True] * 6 + [False] * 2, [True] * 5 + [False] * 3])
+    assert "differ in length ([5, 6] tokens)" in layouts_of_forward(tiny.model, (), two).reason
+
+
+def test_kandinsky5s_layout_describes_its_visual_blocks_only():
+    """Kandinsky 5's text blocks attend over the text alone, which may have the video's length: they never take
+    the video layout. Where the pipeline asks for its own sparse attention (NABLA), there is no layout."""
+    tiny = Tiny("tiny-kandinsky5")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    assert found.layouts[0].grid == (2, 4, 4) and found.layouts[0].visual().end == 32
+    assert found.for_call("visual_transformer_blocks.1.self_attention", 32)[0] is not None
+    layout, why = found.for_call("text_transformer_blocks.0.self_attention", 32)
+    assert layout is None and "visual_transformer_blocks" in why
+    long_text = {**tiny.inputs, "encoder_hidden_states": torch.randn(1, 32, 16), "text_rope_pos": torch.arange(32)}
+    q = _first_self_queries(tiny, 32, **long_text)  # the text block's, over 32 text tokens
+    assert not torch.equal(q, _first_self_queries(tiny, 32, **{**long_text, "encoder_hidden_states":
+                                                                 long_text["encoder_hidden_states"] + 1.0}))
+    nabla = layouts_of_forward(tiny.model, (), {**tiny.inputs, "sparse_params": {"to_fractal": True}})
+    assert nabla.layouts == () and "its own sparse attention" in nabla.reason

@@ -313,3 +313,42 @@ def test_mochi_joint_attention_goes_sparse():
     assert routes["transformer_blocks.0.attn1"] == {("flex_sparse", ""): 1}
     cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
     assert not torch.equal(out, ref) and cos > 0.9
+
+
+@pytest.mark.parametrize("name, site, frames", [
+    ("tiny-chronoedit", "blocks.0.attn1", 4), ("tiny-wan-animate", "blocks.0.attn1", 5),
+    ("tiny-allegro", "transformer_blocks.0.attn1", 4), ("tiny-consisid", "transformer_blocks.0.attn1", 4),
+    ("tiny-easyanimate", "transformer_blocks.0.attn1", 4), ("tiny-framepack", "transformer_blocks.0.attn", 4),
+    ("tiny-kandinsky5", "visual_transformer_blocks.0.self_attention", 4), ("tiny-helios", "blocks.0.attn1", 4)])
+def test_newly_verified_families_go_sparse_and_detach_as_they_were(name, site, frames):
+    base = get_preset(name)
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=frames, height=16, width=16))
+    model = preset.build()
+    inputs = preset.inputs(model)  # 4 (Wan Animate: 1 + 4) x 8 x 8 latent tokens
+    ref = _forward(model, inputs, 500)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    out = _forward(model, inputs, 500)
+    routes = routes_of(plan)
+    plan.detach()
+    assert routes[site] == {("flex_sparse", ""): 1}
+    assert torch.equal(_forward(model, inputs, 500), ref)
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
+    assert not torch.equal(out, ref) and cos > 0.9
+
+
+def test_wan_animates_reference_frame_attends_densely():
+    """The reference frame's rows are conditioning: under the sparse stage they see every key, as dense attention."""
+    base = get_preset("tiny-wan-animate")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=5, height=16, width=16))
+    model = preset.build()
+    inputs = preset.inputs(model)  # 64 reference tokens, then 4 x 8 x 8 video tokens
+    outs = []
+    handle = model.blocks[0].attn1.register_forward_hook(lambda m, a, kw, out: outs.append(out), with_kwargs=True)
+    _forward(model, inputs, 500)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    _forward(model, inputs, 500)
+    plan.detach()
+    handle.remove()
+    dense, sparse = outs
+    assert torch.allclose(sparse[:, :64], dense[:, :64], atol=1e-5)
+    assert not torch.allclose(sparse[:, 64:], dense[:, 64:], atol=1e-3)

@@ -21,6 +21,10 @@ class ModelPreset:
     description: str
     config: dict = field(default_factory=dict)
     geometry: dict = field(default_factory=dict)  # latent frames / height / width, text length
+    # modules (ends of their names) that the class initialises to zero and a preset draws again with torch's default
+    # initialisation: Kandinsky 5's adaLN-zero modulation would make every untrained block pass its input through,
+    # so attention would never reach the output
+    redrawn: tuple[str, ...] = ()
 
     def build(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
         """Random weights, made on ``device`` itself: Wan-14B's 14 billion parameters would take 56 GB of host
@@ -29,6 +33,9 @@ class ModelPreset:
         cls = _FAMILY_CLASS[self.family]()
         with torch.device(device):
             model = cls(**self.config)
+            for name, module in model.named_modules():
+                if name.endswith(self.redrawn) and self.redrawn:
+                    module.reset_parameters()
         model = model.to(device=device) if dtype == torch.float32 else model.to(device=device, dtype=dtype)
         return model.eval()
 
@@ -108,20 +115,41 @@ def _ltx2_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
-def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
-    g, c = p.geometry, model.config
-    return dict(
+def _latent_and_text(p: ModelPreset, model, gen, device, dtype, text_channels: int, masked: bool = False) -> dict:
+    """The [1, C, F, H, W] latent, timestep 500 and a prompt of ``text_channels`` (with its padding mask where
+    ``masked``): all that Wan's, EasyAnimate's, Mochi's and Allegro's pipelines pass."""
+    text = p.geometry["text"]
+    out = dict(
         hidden_states=_latent(p, model, gen, device, dtype),
         timestep=torch.tensor([500], device=device),
-        encoder_hidden_states=_rand(gen, (1, g["text"], c.text_dim), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, text_channels), device, dtype),
         return_dict=False,
     )
+    if masked:
+        out["encoder_attention_mask"] = _padded_mask(text, device)
+    return out
+
+
+def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    return _latent_and_text(p, model, gen, device, dtype, model.config.text_dim)
 
 
 def _wan_vace_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     control = _rand(gen, (1, c.vace_in_channels, g["frames"], g["height"], g["width"]), device, dtype)
     return dict(_wan_inputs(p, model, gen, device, dtype), control_hidden_states=control)
+
+
+def _wan_animate_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    """The latent's ``frames`` include the reference frame first; the pose covers the others, and the face video
+    has the 4(T - 1) + 1 frames that the face encoder brings back to T motion frames."""
+    g, c = p.geometry, model.config
+    f, h, w, size = g["frames"], g["height"], g["width"], c.motion_encoder_size
+    return dict(
+        _wan_inputs(p, model, gen, device, dtype),
+        pose_hidden_states=_rand(gen, (1, c.latent_channels, f - 1, h, w), device, dtype),
+        face_pixel_values=_rand(gen, (1, 3, 4 * (f - 1) - 3, size, size), device, dtype),
+    )
 
 
 def _hunyuan_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
@@ -156,16 +184,39 @@ def _hunyuan_video15_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
-def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+def _framepack_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    c = model.config
+    out = dict(_hunyuan_video_inputs(p, model, gen, device, dtype),
+               image_embeds=_rand(gen, (1, p.geometry["image"], c.image_proj_dim), device, dtype))
+    return dict(out, **_history(p, model, gen, device, dtype, ("latents_history_4x", "latents_history_2x",
+                                                                   "latents_clean", "latents"), batched=False))
+
+
+def _helios_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    out = _wan_inputs(p, model, gen, device, dtype)
+    return dict(out, **_history(p, model, gen, device, dtype, ("latents_history_long", "latents_history_mid",
+                                                                   "latents_history_short", "hidden_states"),
+                                batched=True))
+
+
+def _history(p: ModelPreset, model, gen, device, dtype, names: tuple[str, str, str, str], batched: bool) -> dict:
+    """Framepack's and Helios' history as their pipelines' vanilla sampling gives it: ``history_4x`` frames at the
+    coarsest level, two at the middle one, and the image's latent with the newest frame at the finest; then the
+    window (``names[3]``: only its frame indices). Each stream has its frame indices, [n] or (``batched``) [1, n]."""
     g, c = p.geometry, model.config
-    text = g["text"]
-    return dict(
-        hidden_states=_latent(p, model, gen, device, dtype),
-        encoder_hidden_states=_rand(gen, (1, text, c.text_embed_dim), device, dtype),
-        timestep=torch.tensor([500], device=device),
-        encoder_attention_mask=_padded_mask(text, device),
-        return_dict=False,
-    )
+    f, h, w = g["frames"], g["height"], g["width"]
+    out, start = {}, 1
+    for name, n in zip(names[:3], (g["history_4x"], 2, 2)):
+        out[name] = _rand(gen, (1, c.in_channels, n, h, w), device, dtype)
+        out["indices_" + name] = torch.arange(start, start + n, device=device)
+        start += n
+    out["indices_" + names[2]] = torch.tensor([0, start - 1], device=device)  # the image, the newest history frame
+    out["indices_" + names[3]] = torch.arange(start, start + f, device=device)
+    return {k: v[None] if batched and k.startswith("indices") else v for k, v in out.items()}
+
+
+def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    return _latent_and_text(p, model, gen, device, dtype, model.config.text_embed_dim, masked=True)
 
 
 def _cosmos_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
@@ -208,6 +259,30 @@ def _cogvideox_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
+def _easyanimate_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    return _latent_and_text(p, model, gen, device, dtype, model.config.text_embed_dim)
+
+
+def _allegro_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    return _latent_and_text(p, model, gen, device, dtype, model.config.caption_channels, masked=True)
+
+
+def _kandinsky5_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    """The latent channels last, [1, F, H, W, C], and the rotary positions its pipeline builds."""
+    g, c = p.geometry, model.config
+    f, h, w, text = g["frames"], g["height"], g["width"], g["text"]
+    _, ph, pw = c.patch_size
+    return dict(
+        hidden_states=_rand(gen, (1, f, h, w, c.in_visual_dim), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.in_text_dim), device, dtype),
+        pooled_projections=_rand(gen, (1, c.in_text_dim2), device, dtype),
+        timestep=torch.tensor([500.0], device=device, dtype=dtype),
+        visual_rope_pos=[torch.arange(n, device=device) for n in (f, h // ph, w // pw)],
+        text_rope_pos=torch.arange(text, device=device),
+        return_dict=False,
+    )
+
+
 def _pixart_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     return dict(
@@ -235,6 +310,14 @@ _FAMILY_CLASS = {
     "wan_vace": _cls("WanVACETransformer3DModel"),
     "skyreels_v2": _cls("SkyReelsV2Transformer3DModel"),
     "cosmos": _cls("CosmosTransformer3DModel"),
+    "chronoedit": _cls("ChronoEditTransformer3DModel"),
+    "wan_animate": _cls("WanAnimateTransformer3DModel"),
+    "allegro": _cls("AllegroTransformer3DModel"),
+    "consisid": _cls("ConsisIDTransformer3DModel"),
+    "easyanimate": _cls("EasyAnimateTransformer3DModel"),
+    "kandinsky5": _cls("Kandinsky5Transformer3DModel"),
+    "helios": _cls("HeliosTransformer3DModel"),
+    "framepack": _cls("HunyuanVideoFramepackTransformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
     "hunyuan_video": _cls("HunyuanVideoTransformer3DModel"),
     "hunyuan_video15": _cls("HunyuanVideo15Transformer3DModel"),
@@ -249,6 +332,14 @@ _FAMILY_INPUTS = {
     "wan_vace": _wan_vace_inputs,
     "skyreels_v2": _wan_inputs,
     "cosmos": _cosmos_inputs,
+    "chronoedit": _wan_inputs,
+    "wan_animate": _wan_animate_inputs,
+    "allegro": _allegro_inputs,
+    "consisid": _cogvideox_inputs,
+    "easyanimate": _easyanimate_inputs,
+    "kandinsky5": _kandinsky5_inputs,
+    "helios": _helios_inputs,
+    "framepack": _framepack_inputs,
     "flux": _flux_inputs,
     "hunyuan_video": _hunyuan_video_inputs,
     "hunyuan_video15": _hunyuan_video15_inputs,
@@ -259,8 +350,12 @@ _FAMILY_INPUTS = {
 
 _TINY_LTX = dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
                  cross_attention_dim=32, num_layers=2, caption_channels=16)
-_TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-                 text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+_TINY_WAN_BLOCKS = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2)
+_TINY_WAN = dict(_TINY_WAN_BLOCKS, rope_max_seq_len=32)
+_TINY_HUNYUAN_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                           num_single_layers=1, num_refiner_layers=1, text_embed_dim=16, pooled_projection_dim=8,
+                           rope_axes_dim=(4, 6, 6))
 _TINY_FLUX = dict(in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
                   joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(4, 6, 6))
 
@@ -296,12 +391,25 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-skyreels-v2", "skyreels_v2", "SkyReels-V2, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
                     _TINY_WAN, dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-chronoedit", "chronoedit", "ChronoEdit, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
+                    _TINY_WAN, dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-wan-animate", "wan_animate", "Wan Animate, 2 layers, 2 heads x 16, 3x8x8 latent (16 "
+                    "reference + 32 video tokens), 8x8 face video",
+                    dict(_TINY_WAN, in_channels=12, latent_channels=4, motion_encoder_size=8,
+                         motion_encoder_channel_sizes={"8": 8, "4": 8}, motion_style_dim=8, motion_dim=4,
+                         motion_encoder_dim=8, face_encoder_hidden_dim=16, face_encoder_num_heads=2,
+                         inject_face_latents_blocks=1),
+                    dict(frames=3, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-helios", "helios", "Helios, 2 layers, 2 heads x 16, 2x8x8 latent window (37 history + 32 "
+                    "video tokens)", dict(_TINY_WAN_BLOCKS, rope_dim=(4, 6, 6)),
+                    dict(frames=2, height=8, width=8, text=8, history_4x=4, patch_area=4)),
+        ModelPreset("tiny-framepack", "framepack", "HunyuanVideo Framepack, 1+1 layers, 2 heads x 16, 2x8x8 latent "
+                    "window (37 history + 32 video + 3 image + 6 of 8 text tokens)",
+                    dict(_TINY_HUNYUAN_VIDEO, has_image_proj=True, image_proj_dim=16, has_clean_x_embedder=True),
+                    dict(frames=2, height=8, width=8, text=8, image=3, history_4x=4, patch_area=4)),
         ModelPreset("tiny-hunyuan-video", "hunyuan_video", "HunyuanVideo, 1+1 layers, 2 heads x 16, 2x8x8 latent "
                     "(32 video + 8 text tokens, 2 of them padding)",
-                    dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
-                         num_single_layers=1, num_refiner_layers=1, text_embed_dim=16, pooled_projection_dim=8,
-                         rope_axes_dim=(4, 6, 6)),
-                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+                    _TINY_HUNYUAN_VIDEO, dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-hunyuan-video15", "hunyuan_video15", "HunyuanVideo 1.5, 1 layer, 2 heads x 16, 2x8x8 "
                     "latent (128 video tokens, then 5 image, 4 glyph and 8 prompt tokens: 9 valid)",
                     dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
@@ -326,6 +434,26 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
                          time_embed_dim=8, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
                          sample_frames=5, patch_size=2, max_text_seq_length=8),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-consisid", "consisid", "ConsisID, 2 layers (CogVideoX's packing, without the face "
+                    "encoder)", dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                     time_embed_dim=8, text_embed_dim=16, num_layers=2, sample_width=8,
+                                     sample_height=8, sample_frames=5, patch_size=2, max_text_seq_length=8),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-easyanimate", "easyanimate", "EasyAnimate, 2 layers, 2 heads x 16, 2x8x8 latent (8 text + "
+                    "32 video tokens)", dict(num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                             out_channels=4, patch_size=2, sample_width=8, sample_height=8,
+                                             num_layers=2, mmdit_layers=2, time_embed_dim=8, text_embed_dim=16),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4)),
+        ModelPreset("tiny-kandinsky5", "kandinsky5", "Kandinsky 5, 1 text and 2 visual blocks, 2 heads x 16, 2x8x8 "
+                    "latent (32 tokens)", dict(in_visual_dim=4, in_text_dim=16, in_text_dim2=8, time_dim=16,
+                                               out_visual_dim=4, model_dim=32, ff_dim=64, num_text_blocks=1,
+                                               num_visual_blocks=2, axes_dims=(4, 6, 6)),
+                    dict(frames=2, height=8, width=8, text=8, patch_area=4), redrawn=("modulation.out_layer",)),
+        ModelPreset("tiny-allegro", "allegro", "Allegro, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
+                    dict(patch_size=2, num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                         num_layers=2, cross_attention_dim=32, sample_height=8, sample_width=8, sample_frames=2,
+                         caption_channels=16),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-pixart", "pixart", "PixArt, 2 layers (diffusers Attention + AttnProcessor2_0)",
                     dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=2,

@@ -9,15 +9,25 @@ changes exactly the rows the layout gives it at the first attention site):
   (frame, row, column) order; self-attention sees video tokens only (text enters by cross-attention).
 - LTX-Video (``LTXVideoTransformer3DModel``): packed ``hidden_states`` [B, F·H·W, C] with ``num_frames``,
   ``height``, ``width`` given; self-attention sees video tokens only.
-- Wan VACE (``WanVACETransformer3DModel``), SkyReels-V2 (``SkyReelsV2Transformer3DModel``) and Cosmos
-  (``CosmosTransformer3DModel``, whose condition and padding masks join the latent's channels, not its tokens):
-  Wan's patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
+- Wan VACE (``WanVACETransformer3DModel``), SkyReels-V2 (``SkyReelsV2Transformer3DModel``), ChronoEdit
+  (``ChronoEditTransformer3DModel``, Wan 2.1 with its own rotary positions) and Cosmos (``CosmosTransformer3DModel``,
+  whose condition and padding masks join the latent's channels, not its tokens): Wan's patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
   SkyReels-V2's diffusion forcing passes a causal block mask, and masked calls stay dense (the router).
+- Wan Animate (``WanAnimateTransformer3DModel``): Wan's patchified latent, whose first frame is the reference
+  character's (the pipeline concatenates the reference image's latent before the segment's frames). That frame's
+  tokens are conditioning, kept dense; the pose latent joins the other frames only.
+- Helios (``HeliosTransformer3DModel``): Wan's patchified latent after the history streams it is given (long,
+  then mid, then short: patched 4x, 2x and 1x the latent's patch, the first two padded up to whole patches), which
+  are conditioning, kept dense. Text enters by cross-attention.
+- Allegro (``AllegroTransformer3DModel``): each latent frame patchified by ``patch_size``, frame by frame;
+  self-attention sees video tokens only.
 - LTX-2 (``LTX2VideoTransformer3DModel``): the video stream as LTX-Video packs it, for the video self-attention
   (``attn1``) only; the audio stream's self-attention and the cross-modal attention stay dense.
 - CogVideoX (``CogVideoXTransformer3DModel``): joint attention over the text stream first, then the
   ``hidden_states`` [B, F, C, H, W] latent patchified by ``patch_size`` (and ``patch_size_t`` when the
-  configuration has one) in (frame, row, column) order.
+  configuration has one) in (frame, row, column) order. ConsisID (``ConsisIDTransformer3DModel``) packs the same way.
+- EasyAnimate (``EasyAnimateTransformer3DModel``): joint attention over the text stream first (then the optional
+  second, T5, stream), then each latent frame patchified by ``patch_size``.
 - HunyuanVideo (``HunyuanVideoTransformer3DModel``): joint attention over the patchified latent first, then the
   text stream, whose tail past ``encoder_attention_mask``'s count is padding. The host passes a boolean key mask
   [B, 1, 1, S] that hides exactly that padding (``padding_mask``): every form is handed such a call as attention
@@ -28,6 +38,14 @@ changes exactly the rows the layout gives it at the first attention site):
   all-zero ``image_embeds`` (text to video) makes every image token padding. Its mask [B, 1, S, S] hides the
   padding's keys and its rows (PAIR_PADDING), whose outputs the host returns as zeros. One device read per
   forward.
+- HunyuanVideo Framepack (``HunyuanVideoFramepackTransformer3DModel``): the history latents (4x, then 2x
+  downsampled, then the clean frames), then the latent window, then the image's tokens and the valid text; with
+  more than one prompt, the text's padding follows under a key mask [B, 1, 1, S] (KEY_PADDING), and with one the
+  host cuts it off. The history and the image are conditioning, kept dense. One device read per forward.
+- Kandinsky 5 (``Kandinsky5Transformer3DModel``): the latent [B, F, H, W, C] patchified by ``patch_size`` in
+  (frame, row, column) order, for the visual blocks' self-attention only (``visual_transformer_blocks``; the text
+  blocks attend over the text alone). Where the pipeline passes ``sparse_params`` the host runs its own sparse
+  attention (NABLA) over tokens reordered in 8x8 patches: no layout.
 - Mochi (``MochiTransformer3DModel``): per batch item, attention over the patchified latent (frame by frame)
   then that prompt's valid text tokens only, so one layout per prompt length (the count is one device read per
   forward).
@@ -65,8 +83,9 @@ class ForwardLayouts:
     # ``padding.PaddingKeys`` against the first mask it meets per layout: "" nothing known; KEY_PADDING the
     # trailing padding's keys ([B, 1, 1, S]); PAIR_PADDING its keys and its queries' rows ([B, 1, S, S])
     padding_mask: str = ""
-    # the attention modules (last component of their path) the layouts describe; None: every module whose
-    # sequence has a layout's length. LTX-2's audio stream could have the video's length by chance.
+    # components of the attention module paths the layouts describe (LTX-2's "attn1", Kandinsky 5's
+    # "visual_transformer_blocks"); None: every module whose sequence has a layout's length. A stream of other tokens
+    # (LTX-2's audio, Kandinsky 5's text) could have the video's length by chance.
     modules: tuple[str, ...] | None = None
 
     def for_length(self, n: int) -> TokenLayout | None:
@@ -77,7 +96,7 @@ class ForwardLayouts:
 
     def for_call(self, module_path: str, n: int) -> tuple[TokenLayout | None, str]:
         """The layout of a call at ``module_path`` over ``n`` tokens, or None and why there is none."""
-        if self.modules is not None and module_path.rsplit(".", 1)[-1] not in self.modules:
+        if self.modules is not None and not set(module_path.split(".")) & set(self.modules):
             return None, f"the layouts describe the {', '.join(self.modules)} modules' sequences only"
         layout = self.for_length(n)
         if layout is None:
@@ -103,6 +122,31 @@ def _wan(model, args, kwargs) -> ForwardLayouts:
                                           source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
 
 
+def _wan_animate(model, args, kwargs) -> ForwardLayouts:
+    """Wan's latent, whose first frame holds the reference image: conditioning, kept dense."""
+    found = _wan(model, args, kwargs)
+    if not found.layouts:
+        return found
+    (f, h, w), pt = found.layouts[0].grid, model.config.patch_size[0]
+    if pt != 1 or f < 2:
+        return ForwardLayouts((), f"WanAnimate: the reference frame is not a frame of tokens (patch {pt} in time, "
+                                  f"{f} frames of tokens)")
+    return ForwardLayouts((TokenLayout.of(("conditioning", h * w), ("video", (f - 1) * h * w), grid=(f - 1, h, w),
+                                          source=f"WanAnimate: the reference frame's {h * w} tokens kept dense, then "
+                                                 f"{f - 1}x{h}x{w} video tokens"),))
+
+
+def _allegro(model, args, kwargs) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
+        return ForwardLayouts((), "Allegro: hidden_states is not a [B, C, F, H, W] tensor")
+    p = model.config.patch_size
+    _, _, f, h, w = hs.shape
+    grid = (f, h // p, w // p)  # each frame patchified on its own: no temporal patch
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), grid=grid,
+                                          source=f"Allegro: latent {f}x{h}x{w} / patch 1x{p}x{p}"),))
+
+
 def _ltx(model, args, kwargs, family: str = "LTX-Video") -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     f, h, w = (kwargs.get(k) for k in ("num_frames", "height", "width"))
@@ -122,17 +166,48 @@ def _ltx2(model, args, kwargs) -> ForwardLayouts:
     return dataclasses.replace(_ltx(model, args, kwargs, family="LTX-2"), modules=("attn1",))
 
 
+def _kandinsky5(model, args, kwargs) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    if kwargs.get("sparse_params") is not None:
+        return ForwardLayouts((), "Kandinsky5: the host runs its own sparse attention (sparse_params), over tokens "
+                                  "it reorders")
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
+        return ForwardLayouts((), "Kandinsky5: hidden_states is not a [B, F, H, W, C] tensor")
+    pt, ph, pw = model.config.patch_size
+    _, f, h, w, _ = hs.shape
+    grid = (f // pt, h // ph, w // pw)
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), grid=grid,
+                                          source=f"Kandinsky5: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),),
+                          modules=("visual_transformer_blocks",))
+
+
 def _cogvideox(model, args, kwargs) -> ForwardLayouts:
+    """CogVideoX and ConsisID: the text, then the latent [B, F, C, H, W]."""
+    family = type(model).__name__.removesuffix("Transformer3DModel")
     hs = _arg(args, kwargs, "hidden_states", 0)
     ehs = _arg(args, kwargs, "encoder_hidden_states", 1)
     if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(ehs, torch.Tensor):
-        return ForwardLayouts((), "CogVideoX: hidden_states [B, F, C, H, W] / encoder_hidden_states missing")
-    p, pt = model.config.patch_size, model.config.patch_size_t or 1
+        return ForwardLayouts((), f"{family}: hidden_states [B, F, C, H, W] / encoder_hidden_states missing")
     _, f, _, h, w = hs.shape
+    return _text_then_latent(family, model, ehs.shape[1], f, h, w, getattr(model.config, "patch_size_t", None) or 1)
+
+
+def _easyanimate(model, args, kwargs) -> ForwardLayouts:
+    """The text stream (and the T5 stream after it, where one is passed), then the latent [B, C, F, H, W]."""
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs, t5 = kwargs.get("encoder_hidden_states"), kwargs.get("encoder_hidden_states_t5")
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(ehs, torch.Tensor):
+        return ForwardLayouts((), "EasyAnimate: hidden_states [B, C, F, H, W] / encoder_hidden_states missing")
+    n_txt = ehs.shape[1] + (t5.shape[1] if isinstance(t5, torch.Tensor) else 0)
+    _, _, f, h, w = hs.shape
+    return _text_then_latent("EasyAnimate", model, n_txt, f, h, w, 1)
+
+
+def _text_then_latent(family: str, model, n_txt: int, f: int, h: int, w: int, pt: int) -> ForwardLayouts:
+    p = model.config.patch_size
     grid = (f // pt, h // p, w // p)
-    n_txt = ehs.shape[1]
     return ForwardLayouts((TokenLayout.of(("text", n_txt), ("video", math.prod(grid)), grid=grid,
-                                          source=f"CogVideoX: {n_txt} text tokens, then latent {f}x{h}x{w} / "
+                                          source=f"{family}: {n_txt} text tokens, then latent {f}x{h}x{w} / "
                                                  f"patch {pt}x{p}x{p}"),))
 
 
@@ -185,6 +260,60 @@ def _latent_then_padded_text(family: str, model, hs: torch.Tensor, counts: list[
                           padding_mask=padding_mask)
 
 
+def _framepack(model, args, kwargs) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs, mask = _arg(args, kwargs, "encoder_hidden_states", 2), _arg(args, kwargs, "encoder_attention_mask", 3)
+    image = _arg(args, kwargs, "image_embeds", 5)
+    if not all(isinstance(t, torch.Tensor) for t in (hs, ehs, mask, image)) or hs.dim() != 5:
+        return ForwardLayouts((), "Framepack: hidden_states [B, C, F, H, W], encoder_hidden_states, its mask or "
+                                  "image_embeds missing")
+    pt, p = model.config.patch_size_t, model.config.patch_size
+    _, _, f, h, w = hs.shape
+    grid = (f // pt, h // p, w // p)
+    history = _history_tokens(kwargs, (("latents_clean", None, (1, 2, 2)),
+                                       ("latents_history_2x", (2, 4, 4), (2, 4, 4)),
+                                       ("latents_history_4x", (4, 8, 8), (4, 8, 8))))
+    counts = sorted(set(mask.sum(dim=1, dtype=torch.int64).tolist()))  # one device read per forward
+    if len(counts) != 1:
+        return ForwardLayouts((), f"Framepack: the batch's prompts differ in length ({counts} tokens)")
+    valid, n_img = counts[0], image.shape[1]
+    padding = ehs.shape[1] - valid if hs.shape[0] > 1 else 0  # one prompt: the host cuts its padding off
+    return ForwardLayouts((TokenLayout.of(
+        ("conditioning", history), ("video", math.prod(grid)), ("conditioning", n_img), ("text", valid),
+        ("padding", padding), grid=grid,
+        source=f"Framepack: {history} history tokens kept dense, latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then "
+               f"{n_img} image and {valid} text tokens" + (f" and {padding} of padding" if padding else "")),),
+        padding_mask=KEY_PADDING)
+
+
+def _history_tokens(kwargs: dict, streams) -> int:
+    """Tokens of the history streams a Framepack-like host prepends to the latent: each stream (the name of its
+    latents [B, C, F, H, W], the patch it is padded up to or None, its patch) counts where both its latents and
+    its ``indices_`` frame indices are given, as the host only packs those."""
+    total = 0
+    for name, pad, patch in streams:
+        latents, indices = kwargs.get(name), kwargs.get("indices_" + name)
+        if isinstance(latents, torch.Tensor) and isinstance(indices, torch.Tensor):
+            dims = latents.shape[2:] if pad is None else [-(-n // k) * k for n, k in zip(latents.shape[2:], pad)]
+            total += math.prod(n // k for n, k in zip(dims, patch))
+    return total
+
+
+def _helios(model, args, kwargs) -> ForwardLayouts:
+    """Wan's latent after three history streams (long, mid, short), all conditioning."""
+    found = _wan(model, args, kwargs)
+    if not found.layouts:
+        return found
+    p = tuple(model.config.patch_size)
+    history = _history_tokens(kwargs, (("latents_history_short", None, p),
+                                       ("latents_history_mid", (2, 4, 4), tuple(2 * k for k in p)),
+                                       ("latents_history_long", (4, 8, 8), tuple(4 * k for k in p))))
+    video = found.layouts[0]
+    return ForwardLayouts((TokenLayout.of(("conditioning", history), ("video", video.length), grid=video.grid,
+                                          source=f"Helios: {history} history tokens kept dense, then "
+                                                 f"{video.source.removeprefix('Helios: ')}"),))
+
+
 def _mochi(model, args, kwargs) -> ForwardLayouts:
     hs = _arg(args, kwargs, "hidden_states", 0)
     mask = _arg(args, kwargs, "encoder_attention_mask", 3)
@@ -229,7 +358,15 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "WanVACETransformer3DModel": _wan,
     "SkyReelsV2Transformer3DModel": _wan,
     "CosmosTransformer3DModel": _wan,
+    "ChronoEditTransformer3DModel": _wan,
+    "WanAnimateTransformer3DModel": _wan_animate,
+    "AllegroTransformer3DModel": _allegro,
     "CogVideoXTransformer3DModel": _cogvideox,
+    "ConsisIDTransformer3DModel": _cogvideox,
+    "EasyAnimateTransformer3DModel": _easyanimate,
+    "HeliosTransformer3DModel": _helios,
+    "Kandinsky5Transformer3DModel": _kandinsky5,
+    "HunyuanVideoFramepackTransformer3DModel": _framepack,
     "HunyuanVideoTransformer3DModel": _hunyuan_video,
     "HunyuanVideo15Transformer3DModel": _hunyuan_video15,
     "MochiTransformer3DModel": _mochi,
@@ -241,7 +378,8 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
 
 # families whose boolean attention masks hide only their layout's trailing padding (``ForwardLayouts.padding_mask``)
 FAMILIES_WITH_PADDING_MASKS = frozenset({"HunyuanVideoTransformer3DModel",
-                                         "HunyuanVideo15Transformer3DModel"})
+                                         "HunyuanVideo15Transformer3DModel",
+                                         "HunyuanVideoFramepackTransformer3DModel"})
 
 
 def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> ForwardLayouts:
