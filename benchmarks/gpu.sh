@@ -125,7 +125,9 @@
 #                                        the GPU's busy share of one forward per row; first (unless NO_TESTS=1)
 #                                        the Hopper lists over keys that end before the queries (HunyuanVideo's);
 #                                        PRESET=wan-14b-480p-81f, or hunyuan-video-544x960x129 with LAYERS=2 (its
-#                                        masked joint attention served unmasked over the keys before the padding)
+#                                        masked joint attention served unmasked over the keys before the padding),
+#                                        wan-animate-14b-720p-77f with LAYERS=5 (75600 tokens, the reference frame
+#                                        dense), kandinsky5-lite-768x512x121 or framepack-720p-9f with LAYERS=2
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}

@@ -14,7 +14,7 @@ from ditgate.models.presets import get_preset
 TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video",
         "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos", "tiny-chronoedit", "tiny-wan-animate",
         "tiny-framepack", "tiny-consisid", "tiny-easyanimate", "tiny-allegro",
-        "tiny-kandinsky5", "tiny-helios")
+        "tiny-kandinsky5", "tiny-helios", "tiny-motif-video", "tiny-kandinsky6")
 
 
 class Tiny:

@@ -1,5 +1,6 @@
 """ditgate bench end to end on tiny presets on a CPU: rows, reasons, JSON, PNG, latency gate."""
 
+import math
 import json
 import subprocess
 import sys
@@ -118,6 +119,11 @@ def test_presets_cut_to_fewer_layers():
     assert len(model.transformer_blocks) == 1 and len(model.single_transformer_blocks) == 1
     with pytest.raises(ValueError, match="at least 1"):
         wan.with_layers(0)
+    assert get_preset("kandinsky5-lite-768x512x121").with_layers(2).config["num_visual_blocks"] == 2
+    animate = get_preset("wan-animate-14b-720p-77f")
+    assert animate.with_layers(10).config["num_layers"] == 10
+    with pytest.raises(ValueError, match="a multiple of 5, not 8"):
+        animate.with_layers(8)
 
 
 def test_gpu_busy_merges_overlapping_activities_and_says_why_it_cannot_measure():
@@ -149,3 +155,23 @@ def test_gpu_busy_sees_a_wait_for_the_host():
     busy = measure_gpu_busy(two_products_apart, torch.device("cuda"))
     assert isinstance(busy, GpuBusy) and busy.activities >= 2
     assert busy.idle_ms > 15 and busy.fraction < 0.9
+
+
+def test_every_preset_says_how_many_video_tokens_its_layout_has():
+    """Built on the meta device (no weights), each preset's inputs give the layout its description states: the
+    count of video or image tokens, as a word of the description."""
+    import re
+
+    from ditgate.models.presets import PRESETS
+    from ditgate.sparse.families import FAMILIES, layouts_of_forward
+
+    for preset in PRESETS.values():
+        model = preset.build(device="meta")
+        if type(model).__name__ not in FAMILIES:
+            continue
+        found = layouts_of_forward(model, (), preset.inputs(model))
+        assert not found.reason and len(found.layouts) == 1, preset.name
+        visual = found.layouts[0].visual()
+        n = visual.end - visual.start
+        assert n == math.prod(found.layouts[0].grid), preset.name
+        assert str(n) in re.findall(r"\d+", preset.description), (preset.name, n, preset.description)

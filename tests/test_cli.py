@@ -19,7 +19,7 @@ def test_doctor_lists_every_form_with_reasons():
     assert all(f["available"] or f["reason"] for f in data["forms"])
     assert {"HunyuanVideoTransformer3DModel", "WanTransformer3DModel"} <= set(data["sparse_layouts"])
     assert data["padding_masks"] == ["HunyuanVideo15Transformer3DModel", "HunyuanVideoFramepackTransformer3DModel",
-                                     "HunyuanVideoTransformer3DModel"]
+                                     "HunyuanVideoTransformer3DModel", "MotifVideoTransformer3DModel"]
     table = _ditgate("doctor")
     assert table.returncode == 0 and "sdpa_cudnn" in table.stdout and "forms available here" in table.stdout
     assert "Sparse stage layouts read for" in table.stdout

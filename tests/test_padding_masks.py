@@ -60,6 +60,17 @@ def test_framepacks_two_prompt_batches_are_served_over_the_keys_before_the_paddi
     assert (routed - host).norm() / host.norm() < 1e-5
 
 
+def test_motif_videos_joint_blocks_are_served_over_the_keys_before_the_padding():
+    """Motif Video masks its text's padding ([B, 1, 1, S]) in its joint blocks; its decoder block attends over the
+    latent twice, with no mask and no layout."""
+    tiny = Tiny("tiny-motif-video")  # 32 video, 3 image and 6 text tokens, then 2 of padding
+    host, routed, routes, seen = _host_then_routed(tiny)
+    assert routes["transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    assert routes["single_transformer_blocks.0.attn"] == {("nomask", ""): 1}
+    assert seen.keys == [41, 41, 64]
+    assert (routed - host).norm() / host.norm() < 1e-5
+
+
 @pytest.mark.parametrize("name", ["tiny-hunyuan-video", "tiny-hunyuan-video15"])
 def test_the_gate_measures_maskless_forms_on_padding_masked_calls(name):
     base = get_preset(name)

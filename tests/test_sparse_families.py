@@ -188,7 +188,8 @@ def test_hunyuan_video15_puts_the_latent_first_then_valid_image_and_text_then_th
 
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-skyreels-v2", "tiny-cosmos", "tiny-hunyuan-video", "tiny-mochi",
                                   "tiny-cogvideox", "tiny-consisid", "tiny-chronoedit", "tiny-allegro",
-                                  "tiny-easyanimate", "tiny-framepack", "tiny-kandinsky5", "tiny-helios"])
+                                  "tiny-easyanimate", "tiny-framepack", "tiny-kandinsky5", "tiny-helios",
+                                  "tiny-motif-video", "tiny-kandinsky6"])
 def test_the_first_latent_frame_is_the_first_row_of_the_grid(name):
     """The grid's order (frame, row, column): changing the latent's first frame moves exactly the video segment's
     first frame of tokens at the first attention call."""
@@ -198,7 +199,7 @@ def test_the_first_latent_frame_is_the_first_row_of_the_grid(name):
     per_frame = layout.grid[1] * layout.grid[2]
     hs = tiny.inputs["hidden_states"].clone()
     # CogVideoX's latent is [B, F, C, H, W], Kandinsky 5's [B, F, H, W, C]
-    frame_dim = 1 if name in ("tiny-cogvideox", "tiny-consisid", "tiny-kandinsky5") else 2
+    frame_dim = 1 if name in ("tiny-cogvideox", "tiny-consisid", "tiny-kandinsky5", "tiny-kandinsky6") else 2
     hs.select(frame_dim, 0).add_(1.0)
     q = _first_self_queries(tiny, layout.length)
     moved = (_first_self_queries(tiny, layout.length, hidden_states=hs) - q).abs().amax(dim=(0, 1, 3)) > 1e-6
@@ -287,3 +288,41 @@ def test_kandinsky5s_layout_describes_its_visual_blocks_only():
                                                                  long_text["encoder_hidden_states"] + 1.0}))
     nabla = layouts_of_forward(tiny.model, (), {**tiny.inputs, "sparse_params": {"to_fractal": True}})
     assert nabla.layouts == () and "its own sparse attention" in nabla.reason
+
+
+def test_motif_video_puts_the_latent_first_then_the_image_then_text_and_padding():
+    tiny = Tiny("tiny-motif-video")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    layout = found.layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [
+        ("video", 32), ("conditioning", 3), ("text", 6), ("padding", 2)]
+    assert found.padding_mask == "keys" and layout.keys_end == 41
+    kinds = layout.token_kinds()
+    image = tiny.inputs["image_embeds"] + torch.randn_like(tiny.inputs["image_embeds"])  # (a shift is normed away)
+    assert torch.equal(_rows_moved_by(tiny, layout.length, image_embeds=image),
+                       torch.tensor([k == "conditioning" for k in kinds]))
+    assert torch.equal(_rows_moved_by(tiny, layout.length, hidden_states=tiny.inputs["hidden_states"] + 1.0),
+                       torch.tensor([k == "video" for k in kinds]))
+    text_only = {k: v for k, v in tiny.inputs.items() if k != "image_embeds"}  # text to video: no image tokens
+    assert [s.kind for s in layouts_of_forward(tiny.model, (), text_only).layouts[0].segments] == [
+        "video", "text", "padding"]
+
+
+def test_kandinsky6_keeps_its_tail_reference_frame_dense_and_its_audio_out():
+    """Image to video appends the reference image as a last frame of token type 1: changing it moves exactly the
+    conditioning rows of the video self-attention; the audio stream's modules never take the layout."""
+    tiny = Tiny("tiny-kandinsky6")
+    found = layouts_of_forward(tiny.model, (), tiny.inputs)
+    layout = found.layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("video", 32), ("conditioning", 16)]
+    assert layout.grid == (2, 4, 4)
+    assert found.for_call("visual_transformer_blocks.0.audio_dec_block.self_attention", 48)[0] is None
+    reference = tiny.inputs["hidden_states"].clone()
+    reference[:, -1] += torch.randn_like(reference[:, -1])
+    assert torch.equal(_rows_moved_by(tiny, layout.length, hidden_states=reference),
+                       torch.tensor([k == "conditioning" for k in layout.token_kinds()]))
+    types = tiny.inputs["visual_token_type_ids"]
+    first = {**tiny.inputs, "visual_token_type_ids": types.flip(1)}  # the reference first: not how it packs
+    assert "not all last" in layouts_of_forward(tiny.model, (), first).reason
+    text_to_video = {k: v for k, v in tiny.inputs.items() if k != "visual_token_type_ids"}
+    assert layouts_of_forward(tiny.model, (), text_to_video).layouts[0].grid == (3, 4, 4)

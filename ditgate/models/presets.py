@@ -43,11 +43,15 @@ class ModelPreset:
         """The same configuration with each stack of transformer blocks cut to its first ``layers`` (every
         block of a stack has the same shapes, so a few give a model's per-block costs in a fraction of its
         time). Only stacks the configuration names (``num_layers``, ``num_single_layers``) are cut."""
-        stacks = [k for k in ("num_layers", "num_single_layers") if k in self.config]
+        stacks = [k for k in ("num_layers", "num_single_layers", "num_visual_blocks") if k in self.config]
         if layers < 1:
             raise ValueError(f"layers must be at least 1, not {layers}")
         if not stacks:
             raise ValueError(f"preset {self.name!r} names no block stack to cut")
+        every = self.config.get("inject_face_latents_blocks")
+        if every and layers % every and layers < self.config["num_layers"]:
+            raise ValueError(f"{self.name}: its face adapters follow every {every}th block, so the blocks kept must be "
+                             f"a multiple of {every}, not {layers}")
         config = dict(self.config, **{k: min(layers, self.config[k]) for k in stacks})
         if config == self.config:
             return self
@@ -215,6 +219,13 @@ def _history(p: ModelPreset, model, gen, device, dtype, names: tuple[str, str, s
     return {k: v[None] if batched and k.startswith("indices") else v for k, v in out.items()}
 
 
+def _motif_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    """Image to video: the image's embedding as ``image_embeds`` (its pipeline's first-frame conditioning)."""
+    c = model.config
+    out = _latent_and_text(p, model, gen, device, dtype, c.text_embed_dim, masked=True)
+    return dict(out, image_embeds=_rand(gen, (1, p.geometry["image"], c.image_embed_dim), device, dtype))
+
+
 def _mochi_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     return _latent_and_text(p, model, gen, device, dtype, model.config.text_embed_dim, masked=True)
 
@@ -283,6 +294,28 @@ def _kandinsky5_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     )
 
 
+def _kandinsky6_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
+    """Image and text to video and audio: the reference image appended as a last frame of token type 1, at the
+    first frame's rotary position, as its pipeline does; channels [latent | unused conditioning | mask]."""
+    g, c = p.geometry, model.config
+    f, h, w, text = g["frames"], g["height"], g["width"], g["text"]
+    _, ph, pw = c.patch_size
+    types = torch.zeros(1, f + 1, dtype=torch.long, device=device)
+    types[:, -1] = 1
+    return dict(
+        hidden_states=_rand(gen, (1, f + 1, h, w, 2 * c.in_visual_dim + 1), device, dtype),
+        encoder_hidden_states=_rand(gen, (1, text, c.in_text_dim), device, dtype),
+        pooled_projections=_rand(gen, (1, c.in_text_dim2), device, dtype),
+        timestep=torch.tensor([500.0], device=device, dtype=dtype),
+        audio_hidden_states=_rand(gen, (1, g["audio"], c.in_audio_dim), device, dtype),
+        visual_rope_pos=(torch.cat([torch.arange(f), torch.zeros(1, dtype=torch.long)]).to(device),
+                         torch.arange(h // ph, device=device), torch.arange(w // pw, device=device)),
+        encoder_attention_mask=_padded_mask(text, device),
+        visual_token_type_ids=types,
+        return_dict=False,
+    )
+
+
 def _pixart_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     g, c = p.geometry, model.config
     return dict(
@@ -316,7 +349,9 @@ _FAMILY_CLASS = {
     "consisid": _cls("ConsisIDTransformer3DModel"),
     "easyanimate": _cls("EasyAnimateTransformer3DModel"),
     "kandinsky5": _cls("Kandinsky5Transformer3DModel"),
+    "kandinsky6": _cls("Kandinsky6Transformer3DModel"),
     "helios": _cls("HeliosTransformer3DModel"),
+    "motif_video": _cls("MotifVideoTransformer3DModel"),
     "framepack": _cls("HunyuanVideoFramepackTransformer3DModel"),
     "flux": _cls("FluxTransformer2DModel"),
     "hunyuan_video": _cls("HunyuanVideoTransformer3DModel"),
@@ -338,7 +373,9 @@ _FAMILY_INPUTS = {
     "consisid": _cogvideox_inputs,
     "easyanimate": _easyanimate_inputs,
     "kandinsky5": _kandinsky5_inputs,
+    "kandinsky6": _kandinsky6_inputs,
     "helios": _helios_inputs,
+    "motif_video": _motif_video_inputs,
     "framepack": _framepack_inputs,
     "flux": _flux_inputs,
     "hunyuan_video": _hunyuan_video_inputs,
@@ -378,15 +415,16 @@ PRESETS: dict[str, ModelPreset] = {
     for p in (
         ModelPreset("tiny-ltx", "ltx", "LTX-Video, 2 layers, 2 heads x 16, 2x4x4 latent (32 tokens)", _TINY_LTX,
                     dict(frames=2, height=4, width=4, text=8)),
-        ModelPreset("tiny-ltx2", "ltx2", "LTX-2 (video and audio), 1 layer, 2 heads x 16, 2x4x4 latent, 10 audio "
-                    "frames", dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+        ModelPreset("tiny-ltx2", "ltx2", "LTX-2 (video and audio), 1 layer, 2 heads x 16, 2x4x4 latent (32 video "
+                    "tokens), 10 audio frames", dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
                                    cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8,
                                    audio_num_attention_heads=2, audio_attention_head_dim=16,
                                    audio_cross_attention_dim=32, num_layers=1, caption_channels=16),
                     dict(frames=2, height=4, width=4, text=8, audio=10)),
         ModelPreset("tiny-wan", "wan", "Wan 2.1, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)", _TINY_WAN,
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
-        ModelPreset("tiny-wan-vace", "wan_vace", "Wan VACE, 2 layers (control blocks at layer 0), 2x8x8 latent",
+        ModelPreset("tiny-wan-vace", "wan_vace", "Wan VACE, 2 layers (control blocks at layer 0), 2x8x8 latent (32 "
+                    "tokens)",
                     dict(_TINY_WAN, vace_layers=[0], vace_in_channels=8),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-skyreels-v2", "skyreels_v2", "SkyReels-V2, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
@@ -416,6 +454,12 @@ PRESETS: dict[str, ModelPreset] = {
                          num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=16, image_embed_dim=16,
                          rope_axes_dim=(4, 6, 6)),
                     dict(frames=2, height=8, width=8, text=8, glyph_text=4, image=5)),
+        ModelPreset("tiny-motif-video", "motif_video", "Motif Video (image to video), 1+2 layers (the last a decoder "
+                    "block), 2 heads x 16, 2x8x8 latent (32 video + 3 image + 6 of 8 text tokens)",
+                    dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                         num_single_layers=2, num_decoder_layers=1, text_embed_dim=16, image_embed_dim=16,
+                         rope_axes_dim=(4, 6, 6)),
+                    dict(frames=2, height=8, width=8, text=8, image=3, patch_area=4)),
         ModelPreset("tiny-mochi", "mochi", "Mochi, 2 layers, 2 heads x 16, 2x8x8 latent (32 video + 6 of 8 text "
                     "tokens)", dict(patch_size=2, num_attention_heads=2, attention_head_dim=16, num_layers=2,
                                     pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=16,
@@ -430,13 +474,14 @@ PRESETS: dict[str, ModelPreset] = {
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-flux", "flux", "Flux, 1+1 layers, 2 heads x 16, 8x8 latent (16 image + 8 text)", _TINY_FLUX,
                     dict(height=8, width=8, text=8, patch_area=4)),
-        ModelPreset("tiny-cogvideox", "cogvideox", "CogVideoX, 2 layers (calls F.scaled_dot_product_attention)",
+        ModelPreset("tiny-cogvideox", "cogvideox", "CogVideoX, 2 layers (calls F.scaled_dot_product_attention), 8 text + "
+                    "32 video tokens",
                     dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
                          time_embed_dim=8, text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8,
                          sample_frames=5, patch_size=2, max_text_seq_length=8),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
         ModelPreset("tiny-consisid", "consisid", "ConsisID, 2 layers (CogVideoX's packing, without the face "
-                    "encoder)", dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                    "encoder), 8 text + 32 video tokens", dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
                                      time_embed_dim=8, text_embed_dim=16, num_layers=2, sample_width=8,
                                      sample_height=8, sample_frames=5, patch_size=2, max_text_seq_length=8),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4)),
@@ -450,6 +495,14 @@ PRESETS: dict[str, ModelPreset] = {
                                                out_visual_dim=4, model_dim=32, ff_dim=64, num_text_blocks=1,
                                                num_visual_blocks=2, axes_dims=(4, 6, 6)),
                     dict(frames=2, height=8, width=8, text=8, patch_area=4), redrawn=("modulation.out_layer",)),
+        ModelPreset("tiny-kandinsky6", "kandinsky6", "Kandinsky 6 (image and text to video and audio), 1 text and 2 "
+                    "fused blocks, 2 heads x 16, 2x8x8 latent (32 video tokens, then the reference frame's 16), 10 "
+                    "audio frames", dict(in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=8,
+                                         time_dim=16, model_dim=32, ff_dim=64, num_text_blocks=1,
+                                         num_visual_blocks=2, axes_dims=(4, 6, 6), in_audio_dim=4, out_audio_dim=4,
+                                         model_dim_a=32, time_dim_a=16, ff_dim_a=64, axes_dims_a=(16,),
+                                         visual_token_type_num_embeddings=2),
+                    dict(frames=2, height=8, width=8, text=8, audio=10, patch_area=4)),
         ModelPreset("tiny-allegro", "allegro", "Allegro, 2 layers, 2 heads x 16, 2x8x8 latent (32 tokens)",
                     dict(patch_size=2, num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
                          num_layers=2, cross_attention_dim=32, sample_height=8, sample_width=8, sample_frames=2,
@@ -473,6 +526,17 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("cogvideox-5b-720x480x49", "cogvideox", "CogVideoX 5B, 720x480, 49 frames (226 text + 17550 "
                     "video tokens; the rotary embedding its pipeline passes is left out)", _COGVIDEOX_5B,
                     dict(frames=13, height=60, width=90, text=226, patch_area=4)),
+        ModelPreset("wan-animate-14b-720p-77f", "wan_animate", "Wan 2.2 Animate 14B (its class's default "
+                    "configuration), 1280x720, a 77-frame segment (3600 reference + 72000 video tokens)",
+                    dict(num_layers=40, inject_face_latents_blocks=5),
+                    dict(frames=21, height=90, width=160, text=512, patch_area=4)),
+        ModelPreset("framepack-720p-9f", "framepack", "HunyuanVideo Framepack 13B, 1280x720, a 9-frame window after "
+                    "16 + 2 + 2 history frames (9080 history + 32400 video + 729 image + 192 of 256 text tokens)",
+                    dict(_HUNYUAN_VIDEO, has_image_proj=True, image_proj_dim=1152, has_clean_x_embedder=True),
+                    dict(frames=9, height=90, width=160, text=256, image=729, history_4x=16, patch_area=4)),
+        ModelPreset("kandinsky5-lite-768x512x121", "kandinsky5", "Kandinsky 5 Lite (its class's default "
+                    "configuration), 768x512, 121 frames (47616 video tokens)", dict(num_visual_blocks=32),
+                    dict(frames=31, height=64, width=96, text=256, patch_area=4), redrawn=("modulation.out_layer",)),
         ModelPreset("mochi-848x480x163", "mochi", "Mochi 1 (10B, its class's default configuration), 848x480, 163 "
                     "frames (44520 video + up to 256 text tokens)", dict(num_layers=48),
                     dict(frames=28, height=60, width=106, text=256, patch_area=4)),

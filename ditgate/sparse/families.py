@@ -46,6 +46,14 @@ changes exactly the rows the layout gives it at the first attention site):
   (frame, row, column) order, for the visual blocks' self-attention only (``visual_transformer_blocks``; the text
   blocks attend over the text alone). Where the pipeline passes ``sparse_params`` the host runs its own sparse
   attention (NABLA) over tokens reordered in 8x8 patches: no layout.
+- Motif Video (``MotifVideoTransformer3DModel``): joint attention over the patchified latent, then (image to
+  video) the image's tokens, kept dense, then the text, whose tail past ``encoder_attention_mask``'s count is
+  padding hidden by a key mask [B, 1, 1, S] (KEY_PADDING). Its decoder blocks attend over the latent twice and have
+  no layout. One device read per forward where a mask is given.
+- Kandinsky 6 (``Kandinsky6Transformer3DModel``): the latent [B, F, H, W, C] patchified in (frame, row, column)
+  order, for the fused blocks' video self-attention only (``video_dec_block``; audio and text stay dense). Image
+  to video appends the reference image as a last frame of token type 1: conditioning, kept dense (one device read
+  per forward where ``visual_token_type_ids`` is given).
 - Mochi (``MochiTransformer3DModel``): per batch item, attention over the patchified latent (frame by frame)
   then that prompt's valid text tokens only, so one layout per prompt length (the count is one device read per
   forward).
@@ -181,6 +189,34 @@ def _kandinsky5(model, args, kwargs) -> ForwardLayouts:
                           modules=("visual_transformer_blocks",))
 
 
+def _kandinsky6(model, args, kwargs) -> ForwardLayouts:
+    """The patchified latent [B, F, H, W, C], whose frames with a nonzero ``visual_token_type_ids`` (the reference
+    image its pipeline appends as a last frame) are conditioning; for the video self-attention of the fused blocks
+    only (``video_dec_block``): the audio stream and the text blocks stay dense."""
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
+        return ForwardLayouts((), "Kandinsky6: hidden_states is not a [B, F, H, W, C] tensor")
+    pt, ph, pw = model.config.patch_size
+    _, f, h, w, _ = hs.shape
+    frames, per_frame = f // pt, (h // ph) * (w // pw)
+    types = kwargs.get("visual_token_type_ids")
+    reference = 0
+    if isinstance(types, torch.Tensor):
+        # one device read per forward: which frames are not generated ones, and where the batch's items disagree
+        read = torch.cat([types.ne(0).any(0), types.ne(types[:1]).any(0)]).tolist()
+        marked, differ = read[:frames], any(read[frames:])
+        reference = sum(marked)
+        if differ or any(marked[:frames - reference]):
+            return ForwardLayouts((), "Kandinsky6: frames of another type than the generated ones are not all last, "
+                                      "or differ across the batch")
+    grid = (frames - reference, h // ph, w // pw)
+    tail = f", then {reference} reference frame(s) kept dense" if reference else ""
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("conditioning", reference * per_frame),
+                                          grid=grid, source=f"Kandinsky6: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"
+                                                            f"{tail}"),),
+                          modules=("video_dec_block",))
+
+
 def _cogvideox(model, args, kwargs) -> ForwardLayouts:
     """CogVideoX and ConsisID: the text, then the latent [B, F, C, H, W]."""
     family = type(model).__name__.removesuffix("Transformer3DModel")
@@ -243,21 +279,36 @@ def _hunyuan_video15(model, args, kwargs) -> ForwardLayouts:
 
 
 def _latent_then_padded_text(family: str, model, hs: torch.Tensor, counts: list[int], n_txt: int, what: str,
-                             padding_mask: str) -> ForwardLayouts:
-    """HunyuanVideo's packing: the latent [B, C, F, H, W] patchified by ``patch_size_t`` x ``patch_size``², then a
-    text stream of ``n_txt`` tokens whose first ``counts[i]`` are valid for batch item ``i`` and the rest padding.
-    Items that differ in their count have no layout (one mask per call serves them all)."""
+                             padding_mask: str, image: int = 0) -> ForwardLayouts:
+    """HunyuanVideo's packing: the latent [B, C, F, H, W] patchified by ``patch_size_t`` x ``patch_size``², then
+    ``image`` tokens of an image's embedding (conditioning), then a text stream of ``n_txt`` tokens whose first
+    ``counts[i]`` are valid for batch item ``i`` and the rest padding. Items that differ in their count have no
+    layout (one mask per call serves them all)."""
     if len(set(counts)) != 1:
         return ForwardLayouts((), f"{family}: the batch's prompts differ in length ({sorted(set(counts))} tokens)")
     valid = counts[0]
     pt, p = model.config.patch_size_t, model.config.patch_size
     _, _, f, h, w = hs.shape
     grid = (f // pt, h // p, w // p)
-    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("text", valid), ("padding", n_txt - valid),
-                                          grid=grid,
-                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then {valid} "
-                                                 f"{what} and {n_txt - valid} of padding"),),
+    then = f"{image} image tokens, " if image else ""
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("conditioning", image), ("text", valid),
+                                          ("padding", n_txt - valid), grid=grid,
+                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then {then}"
+                                                 f"{valid} {what} and {n_txt - valid} of padding"),),
                           padding_mask=padding_mask)
+
+
+def _motif_video(model, args, kwargs) -> ForwardLayouts:
+    hs = _arg(args, kwargs, "hidden_states", 0)
+    ehs, mask = _arg(args, kwargs, "encoder_hidden_states", 2), _arg(args, kwargs, "encoder_attention_mask", 3)
+    image = _arg(args, kwargs, "image_embeds", 4)
+    if not isinstance(hs, torch.Tensor) or hs.dim() != 5 or not isinstance(ehs, torch.Tensor):
+        return ForwardLayouts((), "MotifVideo: hidden_states [B, C, F, H, W] / encoder_hidden_states missing")
+    n_txt = ehs.shape[1]
+    # one device read per forward, where a mask is given
+    counts = mask.sum(dim=1, dtype=torch.int64).tolist() if isinstance(mask, torch.Tensor) else [n_txt]
+    n_img = image.shape[1] if isinstance(image, torch.Tensor) else 0
+    return _latent_then_padded_text("MotifVideo", model, hs, counts, n_txt, "text tokens", KEY_PADDING, n_img)
 
 
 def _framepack(model, args, kwargs) -> ForwardLayouts:
@@ -366,10 +417,12 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
     "EasyAnimateTransformer3DModel": _easyanimate,
     "HeliosTransformer3DModel": _helios,
     "Kandinsky5Transformer3DModel": _kandinsky5,
+    "Kandinsky6Transformer3DModel": _kandinsky6,
     "HunyuanVideoFramepackTransformer3DModel": _framepack,
     "HunyuanVideoTransformer3DModel": _hunyuan_video,
     "HunyuanVideo15Transformer3DModel": _hunyuan_video15,
     "MochiTransformer3DModel": _mochi,
+    "MotifVideoTransformer3DModel": _motif_video,
     "LTXVideoTransformer3DModel": _ltx,
     "LTX2VideoTransformer3DModel": _ltx2,
     "FluxTransformer2DModel": _flux,
@@ -379,7 +432,8 @@ FAMILIES: dict[str, Callable[..., ForwardLayouts]] = {
 # families whose boolean attention masks hide only their layout's trailing padding (``ForwardLayouts.padding_mask``)
 FAMILIES_WITH_PADDING_MASKS = frozenset({"HunyuanVideoTransformer3DModel",
                                          "HunyuanVideo15Transformer3DModel",
-                                         "HunyuanVideoFramepackTransformer3DModel"})
+                                         "HunyuanVideoFramepackTransformer3DModel",
+                                         "MotifVideoTransformer3DModel"})
 
 
 def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> ForwardLayouts:
