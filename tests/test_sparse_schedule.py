@@ -23,6 +23,13 @@ def test_step_counter_counts_steps_across_cfg_pairs_and_generations():
     assert c.observe(500.0) == 1
 
 
+def test_step_counter_reads_the_largest_of_per_token_timesteps():
+    """Wan 2.2's TI2V passes one timestep per token, with the conditioning frame's at 0."""
+    c = StepCounter()
+    steps = [c.observe(torch.tensor([[0.0, 0.0, t, t]])) for t in (900.0, 800.0, 700.0)]
+    assert steps == [0, 1, 2] and c.generation == 0
+
+
 def test_step_counter_runs_as_a_hook_on_a_real_denoiser():
     from ditgate.models.presets import get_preset
 

@@ -354,3 +354,35 @@ def test_wan_animates_reference_frame_attends_densely():
     dense, sparse = outs
     assert torch.allclose(sparse[:, :64], dense[:, :64], atol=1e-5)
     assert not torch.allclose(sparse[:, 64:], dense[:, 64:], atol=1e-3)
+
+
+def test_a_pipelines_denoisers_share_one_step_count():
+    """Wan 2.2 hands a generation's later steps to its low-noise expert: those are not its "first steps"."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    (high, inputs), (low, _) = _wan(), _wan()
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+                       transformer=high, transformer_2=low)
+    plan = ditgate.attach(pipe, forms=["flex_sparse"], measure=False, sparse=_setting(dense_steps=2))
+    for model, t in ((high, 900), (high, 900), (high, 800), (low, 600), (low, 600), (low, 400), (high, 950)):
+        _forward(model, inputs, t)  # two forwards per step (guidance); 950: the next generation
+    routes = routes_of(plan)
+    assert plan.sparse.counter.step == 0 and plan.sparse.counter.generation == 1
+    plan.detach()
+    assert routes["transformer.blocks.1.attn1"] == {("host", "sparse: dense at step 0 (schedule)"): 3,
+                                                    ("host", "sparse: dense at step 1 (schedule)"): 1}
+    assert routes["transformer_2.blocks.1.attn1"] == {("flex_sparse", ""): 3}  # steps 2 and 3
+
+
+def test_the_first_layers_are_the_first_blocks_over_laid_out_sequences():
+    """HunyuanVideo's token refiner attends over its text alone before the joint blocks: it is not "layer 0"."""
+    base = get_preset("tiny-hunyuan-video")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=4, height=16, width=16))
+    model = preset.build()
+    inputs = preset.inputs(model)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting(dense_layers=1))
+    _forward(model, inputs, 500)
+    routes = routes_of(plan)
+    plan.detach()
+    assert routes["transformer_blocks.0.attn"] == {("host", "sparse: layer 0 runs dense (schedule: first 1)"): 1}
+    assert routes["single_transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}

@@ -4,7 +4,8 @@ A ``BudgetSchedule`` says how much of the sparsifiable key tiles each layer keep
 dense): typically dense for the first steps, whose coarse structure the whole picture depends on, and
 for the first layers. ``StepCounter`` tells the step from what the denoiser is called with: diffusion
 timesteps fall monotonically during one generation and repeat within a step (classifier-free guidance
-calls the denoiser twice), so a timestep above the last one starts a new generation. It runs as a
+calls the denoiser twice), so a timestep above the last one starts a new generation; a pipeline's denoisers
+share one counter. It runs as a
 forward pre-hook, outside the model's compiled region, so torch.compile graphs are not broken across
 steps; it reads the timestep once per forward (one small device-to-host read).
 """
@@ -40,7 +41,8 @@ class BudgetSchedule:
 
 
 class StepCounter:
-    """Step index within the current generation, per denoiser (several denoisers count apart).
+    """Step index within the current generation, from the timesteps of the forwards it observes (one plan's
+    denoisers share one: Wan 2.2's low-noise expert goes on from the steps its high-noise expert took).
 
     ``position``: where ``timestep`` comes among the forward's positional arguments, for a caller that passes
     it by position (``timestep_position`` reads it from the signature: second for Wan, third for LTX-Video and
@@ -53,7 +55,8 @@ class StepCounter:
         self._last: float | None = None
 
     def observe(self, timestep: object) -> int:
-        t = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+        # the largest of a tensor's: Wan 2.2's TI2V passes one timestep per token, 0 for the conditioning frame's
+        t = float(timestep.max()) if isinstance(timestep, torch.Tensor) else float(timestep)
         if self._last is None or t > self._last:
             if self._last is not None:
                 self.generation += 1
@@ -64,12 +67,17 @@ class StepCounter:
         return self.step
 
     def hook(self, module, args, kwargs):
+        """A forward pre-hook for a denoiser whose ``timestep`` comes at the counter's ``position``."""
+        self.observe_call(args, kwargs, self.position)
+        return None
+
+    def observe_call(self, args: tuple, kwargs: dict, position: int | None) -> None:
+        """Observe a forward's timestep: by name, else at ``position`` among its arguments (none: not counted)."""
         timestep = kwargs.get("timestep")
-        if timestep is None and self.position is not None and len(args) > self.position:
-            timestep = args[self.position]
+        if timestep is None and position is not None and len(args) > position:
+            timestep = args[position]
         if timestep is not None:
             self.observe(timestep)
-        return None
 
 
 def timestep_position(model: torch.nn.Module) -> int | None:

@@ -2,7 +2,8 @@
 
 ``attach(..., sparse=SparseSetting(...))`` makes one ``SparseStage`` per plan. Per denoiser it installs
 a forward pre-hook (outside any compiled region of the model) that reads the token layouts of that
-forward from its arguments (``families.py``) and advances the step counter from its timestep. Sites
+forward from its arguments (``families.py``) and advances the plan's step counter from its timestep. The
+schedule's layers are counted in the order blocks first attend over a sequence with a layout. Sites
 then ask ``selection`` for their call: a ``Selection`` with key-block lists, or ``lists=None`` with the
 reason the call stays dense (no verified layout, cross-attention, a dense step or layer of the
 schedule, a sequence too short to hold two video tiles). Each reason is logged once per site and shape.
@@ -76,16 +77,10 @@ class Selection:
     prepared: object = None  # what the consumer made while pooling for the selector (``PooledTiles.prepared``)
 
 
-def _layer_keys(paths: list[str]) -> dict[str, int]:
-    """Layer index per module path: the order in which block prefixes (``blocks.3``) first appear."""
-    layers: dict[str, int] = {}
-    out = {}
-    for path in paths:
-        m = re.match(r"(.*?\.\d+)(\.|$)", path)
-        key = m.group(1) if m else path
-        layers.setdefault(key, len(layers))
-        out[path] = layers[key]
-    return out
+def _block_of(path: str) -> str:
+    """The block a module path lies in: its prefix up to the first index (``transformer.blocks.3``)."""
+    m = re.match(r"(.*?\.\d+)(\.|$)", path)
+    return m.group(1) if m else path
 
 
 class SparseStage:
@@ -96,10 +91,17 @@ class SparseStage:
         self.setting = setting
         self.padding = padding
         self.selector = TileSelector(setting.block)
-        self._counters: dict[str, StepCounter] = {}
+        # one step counter for all the plan's denoisers: a pipeline's denoisers split one generation's steps
+        # between them (Wan 2.2's high-noise expert, then its low-noise one), and a later denoiser's generation
+        # (a refiner, an upsampler) starts where the timestep rises again
+        self.counter = StepCounter()
+        self._positions: dict[str, int | None] = {}
         self._forward: dict[str, ForwardLayouts] = {}
         self._denoiser_of: dict[str, str] = {}
-        self._layer_of: dict[str, int] = {}
+        # layer index per block, per denoiser: the order in which blocks first attend over a sequence with a layout,
+        # so that stacks that never do (HunyuanVideo's token refiner, Kandinsky's text blocks, Wan Animate's face
+        # adapters) do not count among "the first layers"
+        self._layers: dict[str, dict[str, int]] = {}
         self._patterns: dict[tuple, KeyBlockLists] = {}
         self._said: set[tuple[str, str, str]] = set()
         self.checking = False  # set by the plan during its whole-model check: selections as when measuring
@@ -107,15 +109,15 @@ class SparseStage:
     # --- wiring (by the plan) ----------------------------------------------------------------------
     def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
         """Hooks on one denoiser; returns the handles (the plan removes them on detach)."""
-        counter = self._counters[name] = StepCounter(timestep_position(model))
-        for path, layer in _layer_keys(module_paths).items():
+        position = self._positions[name] = timestep_position(model)
+        self._layers[name] = {}
+        for path in module_paths:
             self._denoiser_of[path] = name
-            self._layer_of[path] = layer
 
         padding = self.padding
 
         def pre(module, args, kwargs):  # after the padding reader's hook, which the plan installs first
-            counter.hook(module, args, kwargs)
+            self.counter.observe_call(args, kwargs, position)
             shared = padding is not None and padding.covers(name)
             self._forward[name] = padding.layouts(name) if shared else layouts_of_forward(module, args, kwargs)
             return None
@@ -132,20 +134,21 @@ class SparseStage:
         schedule = self.setting.schedule
         measuring = measuring or self.checking
         denoiser = self._denoiser_of.get(module_path)
-        layer = self._layer_of.get(module_path, 0)
         if denoiser is None:
             return self._dense(site_name, q, "site outside the plan's denoisers", 1.0)
         if role == "cross" or q.shape[2] != k.shape[2]:
             return self._dense(site_name, q, "cross-attention stays dense", 1.0)
-        if layer < schedule.dense_layers:
-            return self._dense(site_name, q, f"layer {layer} runs dense (schedule: first {schedule.dense_layers})", 1.0)
         forward = self._forward.get(denoiser)
         if forward is None:
             return self._dense(site_name, q, "no forward seen yet, so no layout", 1.0)
         layout, why = forward.for_call(module_path, q.shape[2])
         if layout is None:
             return self._dense(site_name, q, why, 1.0)
-        step = self._counters[denoiser].step
+        layers = self._layers[denoiser]
+        layer = layers.setdefault(_block_of(module_path), len(layers))
+        if layer < schedule.dense_layers:
+            return self._dense(site_name, q, f"layer {layer} runs dense (schedule: first {schedule.dense_layers})", 1.0)
+        step = self.counter.step
         budget = schedule.budget if measuring else schedule.budget_for(max(step, 0), layer)
         if budget >= 1.0:
             return Selection(None, 1.0, f"dense at step {step} (schedule)")
@@ -199,7 +202,7 @@ class SparseStage:
         setting = (f"{st.pattern}, budget {sch.budget:g} (dense: first {sch.dense_steps} steps, first "
                    f"{sch.dense_layers} layers), {st.block}-token key tiles")
         found = []
-        for name in self._counters:
+        for name in self._positions:
             forward = self._forward.get(name)
             if forward is None:
                 text = "no forward seen yet"
