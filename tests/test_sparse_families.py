@@ -326,3 +326,21 @@ def test_kandinsky6_keeps_its_tail_reference_frame_dense_and_its_audio_out():
     assert "not all last" in layouts_of_forward(tiny.model, (), first).reason
     text_to_video = {k: v for k, v in tiny.inputs.items() if k != "visual_token_type_ids"}
     assert layouts_of_forward(tiny.model, (), text_to_video).layouts[0].grid == (3, 4, 4)
+
+
+def test_wan22_ti2v_keeps_the_frame_it_starts_from_dense():
+    """Wan 2.2's TI2V passes one timestep per token, 0 on the first frame (the image it starts from): that frame is
+    conditioning. Zeros that are not whole leading frames leave the layout as it was."""
+    tiny = Tiny("tiny-wan")  # 2 x 4 x 4 tokens
+    per_token = torch.full((1, 32), 500.0)
+    per_token[:, :16] = 0.0
+    layout = layouts_of_forward(tiny.model, (), {**tiny.inputs, "timestep": per_token}).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("conditioning", 16), ("video", 16)]
+    assert layout.grid == (1, 4, 4) and "timestep 0" in layout.source
+    assert _first_self_queries(tiny, timestep=per_token).shape[2] == layout.length  # the model takes it so
+    text_to_video = torch.full((1, 32), 500.0)
+    partial = per_token.clone()
+    partial[:, 8:16] = 500.0
+    for timestep in (text_to_video, partial):
+        found = layouts_of_forward(tiny.model, (), {**tiny.inputs, "timestep": timestep})
+        assert [s.kind for s in found.layouts[0].segments] == ["video"]

@@ -386,3 +386,32 @@ def test_the_first_layers_are_the_first_blocks_over_laid_out_sequences():
     plan.detach()
     assert routes["transformer_blocks.0.attn"] == {("host", "sparse: layer 0 runs dense (schedule: first 1)"): 1}
     assert routes["single_transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}
+
+
+def test_an_unmodified_wan_pipeline_runs_its_steps_through_the_schedule():
+    """WanPipeline's own loop (no text encoder or VAE: its prompt embeddings given, latents out): guidance calls the
+    transformer twice per step, the first step of each call runs dense, and detach gives the pipeline's bits back."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    model = get_preset("tiny-wan").build()
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+                       transformer=model)
+
+    def generate():
+        gen = torch.Generator().manual_seed(0)
+        prompt, negative = torch.randn(1, 8, 16, generator=gen), torch.randn(1, 8, 16, generator=gen)
+        return pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, height=128, width=128, num_frames=5,
+                    num_inference_steps=4, guidance_scale=5.0, output_type="latent", generator=gen).frames
+
+    ref = generate()  # 2 x 8 x 8 = 128 video tokens
+    plan = ditgate.attach(pipe, forms=["flex_sparse"], measure=False, sparse=_setting(dense_steps=1))
+    out = generate()
+    generate()  # a second generation: its first step is dense again
+    routes = routes_of(plan)
+    plan.detach()
+    assert routes["transformer.blocks.1.attn1"] == {("host", "sparse: dense at step 0 (schedule)"): 4,
+                                                    ("flex_sparse", ""): 12}
+    assert plan.sparse.counter.generation == 1
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
+    assert not torch.equal(out, ref) and cos > 0.9
+    assert torch.equal(generate(), ref)

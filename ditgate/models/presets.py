@@ -135,7 +135,17 @@ def _latent_and_text(p: ModelPreset, model, gen, device, dtype, text_channels: i
 
 
 def _wan_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
-    return _latent_and_text(p, model, gen, device, dtype, model.config.text_dim)
+    """Where the geometry names ``start_frames`` (Wan 2.2's TI2V from an image), one timestep per token, 0 on
+    those first frames, as its image-to-video pipeline passes."""
+    out = _latent_and_text(p, model, gen, device, dtype, model.config.text_dim)
+    g = p.geometry
+    if g.get("start_frames"):
+        pt, ph, pw = model.config.patch_size
+        per_frame = (g["height"] // ph) * (g["width"] // pw)
+        timestep = torch.full((1, g["frames"] // pt * per_frame), 500.0, device=device)
+        timestep[:, :g["start_frames"] * per_frame] = 0.0
+        out["timestep"] = timestep
+    return out
 
 
 def _wan_vace_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
@@ -149,11 +159,14 @@ def _wan_animate_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
     has the 4(T - 1) + 1 frames that the face encoder brings back to T motion frames."""
     g, c = p.geometry, model.config
     f, h, w, size = g["frames"], g["height"], g["width"], c.motion_encoder_size
-    return dict(
+    out = dict(
         _wan_inputs(p, model, gen, device, dtype),
         pose_hidden_states=_rand(gen, (1, c.latent_channels, f - 1, h, w), device, dtype),
         face_pixel_values=_rand(gen, (1, 3, 4 * (f - 1) - 3, size, size), device, dtype),
     )
+    if g.get("clip_image"):  # the character image's CLIP tokens, which the published configuration's attn2 takes
+        out["encoder_hidden_states_image"] = _rand(gen, (1, g["clip_image"], c.image_dim), device, dtype)
+    return out
 
 
 def _hunyuan_video_inputs(p: ModelPreset, model, gen, device, dtype) -> dict:
@@ -401,6 +414,7 @@ _LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, 
 _WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
                  out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30)
 _WAN_14B = dict(_WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+_WAN22_TI2V_5B = dict(_WAN_1_3B, num_attention_heads=24, ffn_dim=14336, in_channels=48, out_channels=48)
 _HUNYUAN_VIDEO = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
                       num_single_layers=40, num_refiner_layers=2, patch_size=2, patch_size_t=1, text_embed_dim=4096,
                       pooled_projection_dim=768, rope_axes_dim=(16, 56, 56), guidance_embeds=True)
@@ -526,10 +540,13 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("cogvideox-5b-720x480x49", "cogvideox", "CogVideoX 5B, 720x480, 49 frames (226 text + 17550 "
                     "video tokens; the rotary embedding its pipeline passes is left out)", _COGVIDEOX_5B,
                     dict(frames=13, height=60, width=90, text=226, patch_area=4)),
-        ModelPreset("wan-animate-14b-720p-77f", "wan_animate", "Wan 2.2 Animate 14B (its class's default "
-                    "configuration), 1280x720, a 77-frame segment (3600 reference + 72000 video tokens)",
-                    dict(num_layers=40, inject_face_latents_blocks=5),
-                    dict(frames=21, height=90, width=160, text=512, patch_area=4)),
+        ModelPreset("wan-animate-14b-720p-77f", "wan_animate", "Wan 2.2 Animate 14B, 1280x720, a 77-frame segment "
+                    "(3600 reference + 72000 video tokens)",
+                    dict(num_layers=40, inject_face_latents_blocks=5, added_kv_proj_dim=5120),
+                    dict(frames=21, height=90, width=160, text=512, clip_image=257, patch_area=4)),
+        ModelPreset("wan22-ti2v-5b-1280x704x121", "wan", "Wan 2.2 TI2V 5B from an image, 1280x704, 121 frames (880 "
+                    "starting-frame + 26400 video tokens)", _WAN22_TI2V_5B,
+                    dict(frames=31, height=44, width=80, text=512, start_frames=1, patch_area=4)),
         ModelPreset("framepack-720p-9f", "framepack", "HunyuanVideo Framepack 13B, 1280x720, a 9-frame window after "
                     "16 + 2 + 2 history frames (9080 history + 32400 video + 729 image + 192 of 256 text tokens)",
                     dict(_HUNYUAN_VIDEO, has_image_proj=True, image_proj_dim=1152, has_clean_x_embedder=True),

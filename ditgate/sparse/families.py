@@ -7,6 +7,8 @@ changes exactly the rows the layout gives it at the first attention site):
 
 - Wan (``WanTransformer3DModel``): ``hidden_states`` [B, C, F, H, W] patchified by ``patch_size`` in
   (frame, row, column) order; self-attention sees video tokens only (text enters by cross-attention).
+  Wan 2.2's TI2V passes one timestep per token, 0 for the first frame where it starts from an image: those
+  frames are conditioning, kept dense (one device read per forward).
 - LTX-Video (``LTXVideoTransformer3DModel``): packed ``hidden_states`` [B, F·H·W, C] with ``num_frames``,
   ``height``, ``width`` given; self-attention sees video tokens only.
 - Wan VACE (``WanVACETransformer3DModel``), SkyReels-V2 (``SkyReelsV2Transformer3DModel``), ChronoEdit
@@ -126,8 +128,30 @@ def _wan(model, args, kwargs) -> ForwardLayouts:
     pt, ph, pw = model.config.patch_size
     _, _, f, h, w = hs.shape
     grid = (f // pt, h // ph, w // pw)
-    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), grid=grid,
-                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"),))
+    source = f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"
+    clean = _clean_leading_frames(_arg(args, kwargs, "timestep", 1), grid)
+    if clean:
+        return ForwardLayouts((TokenLayout.of(("conditioning", clean * grid[1] * grid[2]),
+                                              ("video", (grid[0] - clean) * grid[1] * grid[2]),
+                                              grid=(grid[0] - clean, *grid[1:]),
+                                              source=f"{source}, its first {clean} frame(s) at timestep 0 (the "
+                                                     f"image it starts from) kept dense"),))
+    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), grid=grid, source=source),))
+
+
+def _clean_leading_frames(timestep: object, grid: tuple[int, int, int]) -> int:
+    """Wan 2.2's TI2V passes one timestep per token [B, S], 0 where a frame is the clean image it starts from (its
+    first): how many leading frames are so, when the zeros are exactly whole leading frames the batch agrees on.
+    One device read per forward, for per-token timesteps only."""
+    if not isinstance(timestep, torch.Tensor) or timestep.dim() != 2 or timestep.shape[1] != math.prod(grid):
+        return 0
+    zero = timestep[0] == 0
+    total, leading, differ = torch.stack([zero.sum(), zero.int().cumprod(0).sum(),
+                                          (timestep != timestep[:1]).any().long()]).tolist()
+    per_frame = grid[1] * grid[2]
+    if differ or total != leading or leading % per_frame or leading == math.prod(grid):
+        return 0
+    return leading // per_frame
 
 
 def _wan_animate(model, args, kwargs) -> ForwardLayouts:
