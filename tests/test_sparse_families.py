@@ -344,3 +344,17 @@ def test_wan22_ti2v_keeps_the_frame_it_starts_from_dense():
     for timestep in (text_to_video, partial):
         found = layouts_of_forward(tiny.model, (), {**tiny.inputs, "timestep": timestep})
         assert [s.kind for s in found.layouts[0].segments] == ["video"]
+
+
+def test_ltx_image_to_video_keeps_the_image_frame_dense():
+    """LTX-Video's image-to-video pipeline passes t * (1 - conditioning mask) per token: 0 on the first frame."""
+    tiny = Tiny("tiny-ltx")  # 2 x 4 x 4 tokens
+    per_token = torch.full((1, 32), 500.0)
+    per_token[:, :16] = 0.0
+    layout = layouts_of_forward(tiny.model, (), {**tiny.inputs, "timestep": per_token}).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("conditioning", 16), ("video", 16)]
+    first = tiny.inputs["hidden_states"].clone()
+    first[:, :16] += 1.0
+    moved = (_first_self_queries(tiny, timestep=per_token, hidden_states=first)
+             - _first_self_queries(tiny, timestep=per_token)).abs().amax(dim=(0, 1, 3)) > 1e-6
+    assert torch.equal(moved, torch.tensor([k == "conditioning" for k in layout.token_kinds()]))

@@ -10,7 +10,9 @@ changes exactly the rows the layout gives it at the first attention site):
   Wan 2.2's TI2V passes one timestep per token, 0 for the first frame where it starts from an image: those
   frames are conditioning, kept dense (one device read per forward).
 - LTX-Video (``LTXVideoTransformer3DModel``): packed ``hidden_states`` [B, F·H·W, C] with ``num_frames``,
-  ``height``, ``width`` given; self-attention sees video tokens only.
+  ``height``, ``width`` given; self-attention sees video tokens only. Image to video passes one timestep per token,
+  0 on the first frame (the image): conditioning, kept dense, as Wan 2.2's TI2V. Its condition pipeline passes
+  ``video_coords`` instead of the grid, and appends conditioning tokens: no layout.
 - Wan VACE (``WanVACETransformer3DModel``), SkyReels-V2 (``SkyReelsV2Transformer3DModel``), ChronoEdit
   (``ChronoEditTransformer3DModel``, Wan 2.1 with its own rotary positions) and Cosmos (``CosmosTransformer3DModel``,
   whose condition and padding masks join the latent's channels, not its tokens): Wan's patchified latent. VACE's control blocks attend over the control latent, patchified to the same grid;
@@ -128,11 +130,18 @@ def _wan(model, args, kwargs) -> ForwardLayouts:
     pt, ph, pw = model.config.patch_size
     _, _, f, h, w = hs.shape
     grid = (f // pt, h // ph, w // pw)
-    source = f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}"
-    clean = _clean_leading_frames(_arg(args, kwargs, "timestep", 1), grid)
+    return _video_after_clean_frames(grid, _arg(args, kwargs, "timestep", 1),
+                                     f"{family}: latent {f}x{h}x{w} / patch {pt}x{ph}x{pw}")
+
+
+def _video_after_clean_frames(grid: tuple[int, int, int], timestep: object, source: str) -> ForwardLayouts:
+    """The latent grid's tokens as video, but for its first frames where a per-token timestep marks them clean (the
+    image an image-to-video pipeline starts from): those are conditioning, kept dense."""
+    clean = _clean_leading_frames(timestep, grid)
     if clean:
-        return ForwardLayouts((TokenLayout.of(("conditioning", clean * grid[1] * grid[2]),
-                                              ("video", (grid[0] - clean) * grid[1] * grid[2]),
+        per_frame = grid[1] * grid[2]
+        return ForwardLayouts((TokenLayout.of(("conditioning", clean * per_frame),
+                                              ("video", (grid[0] - clean) * per_frame),
                                               grid=(grid[0] - clean, *grid[1:]),
                                               source=f"{source}, its first {clean} frame(s) at timestep 0 (the "
                                                      f"image it starts from) kept dense"),))
@@ -140,9 +149,9 @@ def _wan(model, args, kwargs) -> ForwardLayouts:
 
 
 def _clean_leading_frames(timestep: object, grid: tuple[int, int, int]) -> int:
-    """Wan 2.2's TI2V passes one timestep per token [B, S], 0 where a frame is the clean image it starts from (its
-    first): how many leading frames are so, when the zeros are exactly whole leading frames the batch agrees on.
-    One device read per forward, for per-token timesteps only."""
+    """Wan 2.2's TI2V and LTX-Video's image-to-video pass one timestep per token [B, S], 0 where a frame is the clean
+    image they start from (the first): how many leading frames are so, when the zeros are exactly whole leading
+    frames the batch agrees on. One device read per forward, for per-token timesteps only."""
     if not isinstance(timestep, torch.Tensor) or timestep.dim() != 2 or timestep.shape[1] != math.prod(grid):
         return 0
     zero = timestep[0] == 0
@@ -188,8 +197,8 @@ def _ltx(model, args, kwargs, family: str = "LTX-Video") -> ForwardLayouts:
     grid = (int(f) // pt, int(h) // p, int(w) // p)
     if math.prod(grid) != hs.shape[1]:
         return ForwardLayouts((), f"{family}: grid {grid} does not cover {hs.shape[1]} tokens")
-    return ForwardLayouts((TokenLayout.of(("video", hs.shape[1]), grid=grid,
-                                          source=f"{family}: latent grid {grid[0]}x{grid[1]}x{grid[2]}"),))
+    return _video_after_clean_frames(grid, _arg(args, kwargs, "timestep", 2),
+                                     f"{family}: latent grid {grid[0]}x{grid[1]}x{grid[2]}")
 
 
 def _ltx2(model, args, kwargs) -> ForwardLayouts:
