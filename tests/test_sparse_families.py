@@ -358,3 +358,42 @@ def test_ltx_image_to_video_keeps_the_image_frame_dense():
     moved = (_first_self_queries(tiny, timestep=per_token, hidden_states=first)
              - _first_self_queries(tiny, timestep=per_token)).abs().amax(dim=(0, 1, 3)) > 1e-6
     assert torch.equal(moved, torch.tensor([k == "conditioning" for k in layout.token_kinds()]))
+
+
+def _ltx_condition_call(tiny: Tiny, with_image: bool) -> dict:
+    """What LTXConditionPipeline passes the tiny LTX-Video model: a one-frame condition at frame 8 prepended to the
+    2 x 4 x 4 grid, every token's coordinates (its own static methods), and (``with_image``) an image blended into
+    the first frame, whose tokens then get timestep 0 as the condition's do."""
+    from diffusers import LTXConditionPipeline as pipeline
+
+    main = pipeline._scale_video_ids(pipeline._prepare_video_ids(1, 2, 4, 4), 32, 8, 0)
+    cond = pipeline._scale_video_ids(pipeline._prepare_video_ids(1, 1, 4, 4), 32, 8, 8)
+    coords = torch.cat([cond, main], 2).float()
+    coords[:, 0] /= 25.0  # the frame rate
+    timestep = torch.full((1, 48), 500.0)
+    timestep[:, :16 + (16 if with_image else 0)] = 0.0
+    return dict(tiny.inputs, hidden_states=torch.cat([torch.randn(1, 16, 8), tiny.inputs["hidden_states"]], 1),
+                video_coords=coords, timestep=timestep, num_frames=None, height=None, width=None)
+
+
+def test_ltx_condition_pipeline_calls_keep_their_condition_tokens_dense():
+    tiny = Tiny("tiny-ltx")
+    call, image_call = _ltx_condition_call(tiny, with_image=False), _ltx_condition_call(tiny, with_image=True)
+    layout = layouts_of_forward(tiny.model, (), call).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [("conditioning", 16), ("video", 32)]
+    assert layout.grid == (2, 4, 4)
+    kinds = layout.token_kinds()
+    moved_condition = call["hidden_states"].clone()
+    moved_condition[:, :16] += 1.0
+    tiny.inputs = call
+    assert torch.equal(_rows_moved_by(tiny, 48, hidden_states=moved_condition),
+                       torch.tensor([k == "conditioning" for k in kinds]))
+    moved_frame = call["hidden_states"].clone()
+    moved_frame[:, 16:32] += 1.0  # the grid's first frame
+    assert torch.equal(_rows_moved_by(tiny, 48, hidden_states=moved_frame),
+                       torch.tensor([16 <= i < 32 for i in range(48)]))
+    with_image = layouts_of_forward(tiny.model, (), image_call).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in with_image.segments] == [("conditioning", 32), ("video", 16)]
+    assert with_image.grid == (1, 4, 4)
+    scrambled = {**call, "video_coords": call["video_coords"].flip(2)}
+    assert "whole grid" in layouts_of_forward(tiny.model, (), scrambled).reason

@@ -26,6 +26,8 @@ def test_layout_marks_tiles_and_checks_its_segments():
         TokenLayout(10, (Segment(0, 4, "video"), Segment(5, 10, "text")))
     with pytest.raises(ValueError, match="unknown segment kind"):
         Segment(0, 1, "smell")
+    merged = TokenLayout.of(("conditioning", 4), ("text", 0), ("conditioning", 4), ("video", 8))
+    assert merged.segments == (Segment(0, 8, "conditioning"), Segment(8, 16, "video"))
 
 
 def _qk(seed, S=104, H=4, HK=2, D=16):

@@ -49,10 +49,14 @@ class TokenLayout:
 
     @classmethod
     def of(cls, *stretches: tuple[str, int], grid=None, source="") -> TokenLayout:
-        """(kind, count) stretches in sequence order, e.g. ``of(("text", 512), ("image", 4096))``."""
+        """(kind, count) stretches in sequence order, e.g. ``of(("text", 512), ("image", 4096))``; empty stretches
+        are left out, and neighbours of one kind make one segment."""
         segs, pos = [], 0
         for kind, n in stretches:
-            if n > 0:
+            if n > 0 and segs and segs[-1].kind == kind:
+                segs[-1] = Segment(segs[-1].start, pos + n, kind)
+                pos += n
+            elif n > 0:
                 segs.append(Segment(pos, pos + n, kind))
                 pos += n
         return cls(pos, tuple(segs), grid, source)
