@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ditgate.forms import AttentionInputs, Availability, Form, FormSpec, MaskKind, Precision
 from ditgate.hosts import model_output
-from ditgate.models.presets import get_preset
+from ditgate.models.presets import ModelPreset, get_preset
 
 TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video",
         "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos", "tiny-chronoedit", "tiny-wan-animate",
@@ -18,8 +18,10 @@ TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "t
 
 
 class Tiny:
-    def __init__(self, name: str, seed: int = 0) -> None:
-        self.preset = get_preset(name)
+    """A preset (by name, or a ``ModelPreset`` itself) built with its inputs."""
+
+    def __init__(self, name: str | ModelPreset, seed: int = 0) -> None:
+        self.preset = name if isinstance(name, ModelPreset) else get_preset(name)
         self.model = self.preset.build(seed=seed)
         self.inputs = self.preset.inputs(self.model, seed=seed)
 

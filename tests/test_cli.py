@@ -25,6 +25,13 @@ def test_doctor_lists_every_form_with_reasons():
     assert "Sparse stage layouts read for" in table.stdout
 
 
+def test_bench_presets_lists_each_preset_with_its_class():
+    res = _ditgate("bench", "presets")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "wan-animate-14b-720p-77f" in text and "WanAnimateTransformer3DModel" in text and "tiny-framepack" in text
+
+
 def test_demo_runs_and_writes_reports(tmp_path):
     res = _ditgate("demo", "--models", "tiny-wan", "tiny-flux", "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr

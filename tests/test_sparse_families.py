@@ -4,10 +4,13 @@ A layout is right when the tokens it calls text are exactly the tokens of the fi
 that depend on the text: perturb only ``encoder_hidden_states`` and see which query rows move.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
 import ditgate
+from ditgate.models.presets import get_preset
 from ditgate.sparse.families import layouts_of_forward
 
 from .helpers import CaptureForm, Tiny, twice
@@ -397,3 +400,17 @@ def test_ltx_condition_pipeline_calls_keep_their_condition_tokens_dense():
     assert with_image.grid == (1, 4, 4)
     scrambled = {**call, "video_coords": call["video_coords"].flip(2)}
     assert "whole grid" in layouts_of_forward(tiny.model, (), scrambled).reason
+
+
+def test_hunyuan_video_image_to_video_by_token_replacement_keeps_the_image_frame_dense():
+    """With ``image_condition_type="token_replace"`` the first latent frame is modulated at timestep 0: the
+    timestep moves every row of the first joint attention but that frame's."""
+    base = get_preset("tiny-hunyuan-video")
+    preset = dataclasses.replace(base, config=dict(base.config, image_condition_type="token_replace"))
+    tiny = Tiny(preset)
+    layout = layouts_of_forward(tiny.model, (), tiny.inputs).layouts[0]
+    assert [(s.kind, s.end - s.start) for s in layout.segments] == [
+        ("conditioning", 16), ("video", 16), ("text", 6), ("padding", 2)]
+    assert layout.grid == (1, 4, 4)
+    moved = _rows_moved_by(tiny, layout.length, timestep=tiny.inputs["timestep"] + 100)
+    assert torch.equal(moved, torch.tensor([i >= 16 for i in range(layout.length)]))

@@ -388,14 +388,11 @@ def test_the_first_layers_are_the_first_blocks_over_laid_out_sequences():
     assert routes["single_transformer_blocks.0.attn"] == {("flex_sparse", ""): 1}
 
 
-def test_an_unmodified_wan_pipeline_runs_its_steps_through_the_schedule():
-    """WanPipeline's own loop (no text encoder or VAE: its prompt embeddings given, latents out): guidance calls the
-    transformer twice per step, the first step of each call runs dense, and detach gives the pipeline's bits back."""
+def _wan_pipeline():
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    model = get_preset("tiny-wan").build()
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
-                       transformer=model)
+                       transformer=get_preset("tiny-wan").build())
 
     def generate():
         gen = torch.Generator().manual_seed(0)
@@ -403,15 +400,41 @@ def test_an_unmodified_wan_pipeline_runs_its_steps_through_the_schedule():
         return pipe(prompt_embeds=prompt, negative_prompt_embeds=negative, height=128, width=128, num_frames=5,
                     num_inference_steps=4, guidance_scale=5.0, output_type="latent", generator=gen).frames
 
-    ref = generate()  # 2 x 8 x 8 = 128 video tokens
+    return pipe, generate
+
+
+def _hunyuan_video_pipeline():
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
+
+    pipe = HunyuanVideoPipeline(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, vae=None,
+                                scheduler=FlowMatchEulerDiscreteScheduler(),
+                                transformer=get_preset("tiny-hunyuan-video").build())
+
+    def generate():
+        gen = torch.Generator().manual_seed(0)
+        prompt, pooled = torch.randn(1, 8, 16, generator=gen), torch.randn(1, 8, generator=gen)
+        padded = torch.tensor([[1] * 6 + [0] * 2])
+        return pipe(prompt_embeds=prompt, pooled_prompt_embeds=pooled, prompt_attention_mask=padded, height=128,
+                    width=128, num_frames=5, num_inference_steps=4, output_type="latent", generator=gen).frames
+
+    return pipe, generate
+
+
+@pytest.mark.parametrize("make, site, per_step", [
+    (_wan_pipeline, "transformer.blocks.1.attn1", 2),  # guidance: two forwards per step
+    (_hunyuan_video_pipeline, "transformer.transformer_blocks.0.attn", 1)])  # its text padding under a mask
+def test_unmodified_pipelines_run_their_steps_through_the_schedule(make, site, per_step):
+    """The pipelines' own loops (no text encoder or VAE: prompt embeddings given, latents out, 2 x 8 x 8 = 128 video
+    tokens): the first step of each call runs dense, the others sparse, and detach gives the pipeline's bits back."""
+    pipe, generate = make()
+    ref = generate()
     plan = ditgate.attach(pipe, forms=["flex_sparse"], measure=False, sparse=_setting(dense_steps=1))
     out = generate()
     generate()  # a second generation: its first step is dense again
     routes = routes_of(plan)
     plan.detach()
-    assert routes["transformer.blocks.1.attn1"] == {("host", "sparse: dense at step 0 (schedule)"): 4,
-                                                    ("flex_sparse", ""): 12}
+    assert routes[site] == {("host", "sparse: dense at step 0 (schedule)"): 2 * per_step,
+                            ("flex_sparse", ""): 6 * per_step}
     assert plan.sparse.counter.generation == 1
-    cos = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0)
-    assert not torch.equal(out, ref) and cos > 0.9
+    assert not torch.equal(out, ref) and torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0) > 0.9
     assert torch.equal(generate(), ref)

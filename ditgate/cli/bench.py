@@ -57,6 +57,24 @@ def add_bench_parsers(sub) -> None:
     _common(m)
     m.set_defaults(func=_run_model)
 
+    listing = bsub.add_parser("presets", help="the model presets bench model takes: class and what each holds")
+    listing.set_defaults(func=_list_presets)
+
+
+def _list_presets(args) -> int:
+    """Every preset with the diffusers class it builds and its description (configuration, size, tokens)."""
+    from rich.table import Table
+
+    from ..models.presets import PRESETS, preset_class_name
+
+    table = Table(title="ditgate bench model presets (random weights; nothing is downloaded)")
+    for column in ("preset", "class", "what it holds"):
+        table.add_column(column, overflow="fold")
+    for name in sorted(PRESETS, key=lambda n: (n.startswith("tiny-"), n)):
+        table.add_row(name, preset_class_name(PRESETS[name]), PRESETS[name].description)
+    Console(width=max(Console().width, 140)).print(table)
+    return 0
+
 
 def _common(p) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

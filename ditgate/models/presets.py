@@ -346,6 +346,7 @@ def _cls(name: str) -> Callable[[], type]:
 
         return getattr(diffusers, name)
 
+    get.class_name = name
     return get
 
 
@@ -563,6 +564,11 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 DEMO_PRESETS = ("tiny-ltx", "tiny-wan", "tiny-hunyuan-video", "tiny-flux")
+
+
+def preset_class_name(preset: ModelPreset) -> str:
+    """The diffusers class a preset builds, by name (without importing diffusers)."""
+    return _FAMILY_CLASS[preset.family].class_name
 
 
 def get_preset(name: str) -> ModelPreset:

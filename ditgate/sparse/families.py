@@ -39,6 +39,8 @@ changes exactly the rows the layout gives it at the first attention site):
   [B, 1, 1, S] that hides exactly that padding (``padding_mask``): every form is handed such a call as attention
   over the keys before the padding, with no mask (``padding.py``). The count is one device read per forward; a
   batch whose items differ in it has no layout.
+  Its image-to-video configuration by token replacement (``image_condition_type="token_replace"``) modulates the
+  first latent frame at timestep 0: that frame, the image, is conditioning, kept dense.
 - HunyuanVideo 1.5 (``HunyuanVideo15Transformer3DModel``): the patchified latent, then one stream of an image's
   tokens, the glyph (ByT5) text and the prompt, each stream's valid tokens first and all padding last; an
   all-zero ``image_embeds`` (text to video) makes every image token padding. Its mask [B, 1, S, S] hides the
@@ -322,7 +324,10 @@ def _hunyuan_video(model, args, kwargs) -> ForwardLayouts:
     if not isinstance(mask, torch.Tensor) or mask.shape != ehs.shape[:2]:
         return ForwardLayouts((), "HunyuanVideo: encoder_attention_mask [B, text] missing")
     counts = mask.sum(dim=1, dtype=torch.int64).tolist()  # one device read per forward
-    return _latent_then_padded_text("HunyuanVideo", model, hs, counts, n_txt, "text tokens", KEY_PADDING)
+    # image to video by token replacement: the first latent frame is the image, modulated at timestep 0
+    clean = 1 if getattr(model.config, "image_condition_type", None) == "token_replace" else 0
+    return _latent_then_padded_text("HunyuanVideo", model, hs, counts, n_txt, "text tokens", KEY_PADDING,
+                                    clean_frames=clean)
 
 
 def _hunyuan_video15(model, args, kwargs) -> ForwardLayouts:
@@ -344,22 +349,25 @@ def _hunyuan_video15(model, args, kwargs) -> ForwardLayouts:
 
 
 def _latent_then_padded_text(family: str, model, hs: torch.Tensor, counts: list[int], n_txt: int, what: str,
-                             padding_mask: str, image: int = 0) -> ForwardLayouts:
-    """HunyuanVideo's packing: the latent [B, C, F, H, W] patchified by ``patch_size_t`` x ``patch_size``², then
-    ``image`` tokens of an image's embedding (conditioning), then a text stream of ``n_txt`` tokens whose first
-    ``counts[i]`` are valid for batch item ``i`` and the rest padding. Items that differ in their count have no
-    layout (one mask per call serves them all)."""
+                             padding_mask: str, image: int = 0, clean_frames: int = 0) -> ForwardLayouts:
+    """HunyuanVideo's packing: the latent [B, C, F, H, W] patchified by ``patch_size_t`` x ``patch_size``² (its first
+    ``clean_frames`` the clean image it starts from: conditioning), then ``image`` tokens of an image's embedding
+    (conditioning), then a text stream of ``n_txt`` tokens whose first ``counts[i]`` are valid for batch item ``i``
+    and the rest padding. Items that differ in their count have no layout (one mask per call serves them all)."""
     if len(set(counts)) != 1:
         return ForwardLayouts((), f"{family}: the batch's prompts differ in length ({sorted(set(counts))} tokens)")
     valid = counts[0]
     pt, p = model.config.patch_size_t, model.config.patch_size
     _, _, f, h, w = hs.shape
     grid = (f // pt, h // p, w // p)
+    clean = clean_frames * grid[1] * grid[2]
     then = f"{image} image tokens, " if image else ""
-    return ForwardLayouts((TokenLayout.of(("video", math.prod(grid)), ("conditioning", image), ("text", valid),
-                                          ("padding", n_txt - valid), grid=grid,
-                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{p}x{p}, then {then}"
-                                                 f"{valid} {what} and {n_txt - valid} of padding"),),
+    first = f", its first {clean_frames} frame(s) the image it starts from, kept dense" if clean_frames else ""
+    return ForwardLayouts((TokenLayout.of(("conditioning", clean), ("video", math.prod(grid) - clean),
+                                          ("conditioning", image), ("text", valid), ("padding", n_txt - valid),
+                                          grid=(grid[0] - clean_frames, *grid[1:]),
+                                          source=f"{family}: latent {f}x{h}x{w} / patch {pt}x{p}x{p}{first}, then "
+                                                 f"{then}{valid} {what} and {n_txt - valid} of padding"),),
                           padding_mask=padding_mask)
 
 
