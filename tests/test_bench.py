@@ -175,3 +175,21 @@ def test_every_preset_says_how_many_video_tokens_its_layout_has():
         n = visual.end - visual.start
         assert n == math.prod(found.layouts[0].grid), preset.name
         assert str(n) in re.findall(r"\d+", preset.description), (preset.name, n, preset.description)
+
+
+def test_presets_in_16_bits_keep_the_modules_their_class_keeps_in_float32():
+    """As ``from_pretrained(torch_dtype=torch.bfloat16)`` does: Kandinsky 5's time embedding stays in float32 (its
+    forward fails otherwise), and Wan's time embedder and norms too."""
+    from ditgate.hosts import model_output
+    from ditgate.models.presets import get_preset
+
+    preset = get_preset("tiny-kandinsky5")
+    model = preset.build(dtype=torch.bfloat16)
+    assert model.time_embeddings.in_layer.weight.dtype == torch.float32
+    assert model.visual_transformer_blocks[0].self_attention.to_query.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        out = model_output(model(**preset.inputs(model, dtype=torch.bfloat16)))
+    assert torch.isfinite(out.float()).all()
+    wan = get_preset("tiny-wan").build(dtype=torch.bfloat16)
+    assert wan.condition_embedder.time_embedder.linear_1.weight.dtype == torch.float32
+    assert wan.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16

@@ -37,7 +37,7 @@ class ModelPreset:
                 if name.endswith(self.redrawn) and self.redrawn:
                     module.reset_parameters()
         model = model.to(device=device) if dtype == torch.float32 else model.to(device=device, dtype=dtype)
-        return model.eval()
+        return _keep_in_float32(model).eval()
 
     def with_layers(self, layers: int) -> ModelPreset:
         """The same configuration with each stack of transformer blocks cut to its first ``layers`` (every
@@ -73,6 +73,18 @@ class ModelPreset:
     def video_tokens(self) -> int:
         g = self.geometry
         return g.get("frames", 1) * g["height"] * g["width"] // g.get("patch_area", 1)
+
+
+def _keep_in_float32(model: torch.nn.Module) -> torch.nn.Module:
+    """The parameters and buffers the class names in ``_keep_in_fp32_modules`` back in float32, as diffusers'
+    ``from_pretrained(torch_dtype=...)`` leaves them (a component of their name matches): Kandinsky 5's time
+    embedding fails in bf16, and Wan's norms and time embedder run in float32 where it is deployed."""
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if keep:
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if tensor.is_floating_point() and keep & set(name.split(".")):
+                tensor.data = tensor.data.float()
+    return model
 
 
 def _rand(gen, shape, device, dtype):
