@@ -128,7 +128,8 @@
 #                                        masked joint attention served unmasked over the keys before the padding),
 #                                        wan-animate-14b-720p-77f with LAYERS=5 (75600 tokens, the reference frame
 #                                        dense), kandinsky5-lite-768x512x121 or framepack-720p-9f with LAYERS=2,
-#                                        wan22-ti2v-5b-1280x704x121 (its starting frame dense)
+#                                        wan22-ti2v-5b-1280x704x121 (its starting frame dense),
+#                                        hunyuan-video15-848x480x121 with LAYERS=4 (its square padding mask cut)
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}

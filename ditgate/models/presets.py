@@ -550,6 +550,10 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("hunyuan-video-544x960x129", "hunyuan_video", "HunyuanVideo 13B, 960x544, 129 frames (67320 "
                     "video + 256 text tokens)", _HUNYUAN_VIDEO, dict(frames=33, height=68, width=120, text=256,
                                                                        patch_area=4)),
+        ModelPreset("hunyuan-video15-848x480x121", "hunyuan_video15", "HunyuanVideo 1.5 (8.3B, its class's default "
+                    "configuration), 848x480, 121 frames, text to video (49290 video tokens, then 729 image, 256 "
+                    "glyph and 1000 prompt slots: 942 valid)", dict(num_layers=54),
+                    dict(frames=31, height=30, width=53, text=1000, glyph_text=256, image=729)),
         ModelPreset("cogvideox-5b-720x480x49", "cogvideox", "CogVideoX 5B, 720x480, 49 frames (226 text + 17550 "
                     "video tokens; the rotary embedding its pipeline passes is left out)", _COGVIDEOX_5B,
                     dict(frames=13, height=60, width=90, text=226, patch_area=4)),
