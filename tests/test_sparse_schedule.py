@@ -30,6 +30,14 @@ def test_step_counter_reads_the_largest_of_per_token_timesteps():
     assert steps == [0, 1, 2] and c.generation == 0
 
 
+def test_a_timestep_the_counter_cannot_read_leaves_the_step_alone():
+    c = StepCounter()
+    c.observe_call((), {"timestep": torch.tensor([900.0])}, None)
+    for odd in (torch.tensor([]), "soon", [800.0]):
+        c.observe_call((), {"timestep": odd}, None)
+    assert c.step == 0 and c.generation == 0
+
+
 def test_step_counter_runs_as_a_hook_on_a_real_denoiser():
     from ditgate.models.presets import get_preset
 

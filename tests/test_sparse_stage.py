@@ -438,3 +438,40 @@ def test_unmodified_pipelines_run_their_steps_through_the_schedule(make, site, p
     assert plan.sparse.counter.generation == 1
     assert not torch.equal(out, ref) and torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0) > 0.9
     assert torch.equal(generate(), ref)
+
+
+def test_a_layout_reader_that_fails_leaves_the_forward_dense_and_says_why(monkeypatch):
+    """The readers run in the host's forward (a pre-hook): an argument they did not expect must not fail it."""
+    from ditgate.sparse import families
+
+    def broken(model, args, kwargs):
+        raise KeyError("an argument no reader expected")
+
+    monkeypatch.setitem(families.FAMILIES, "WanTransformer3DModel", broken)
+    model, inputs = _wan()
+    ref = _forward(model, inputs, 500)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    out = _forward(model, inputs, 500)
+    routes = routes_of(plan)
+    plan.detach()
+    assert torch.equal(out, ref)
+    ((route, reason),) = routes["blocks.0.attn1"]
+    assert route == "host" and "no layout could be read" in reason and "KeyError" in reason
+
+
+def test_a_selection_that_raises_hands_the_call_to_the_host(monkeypatch):
+    """The selection runs before the form (and runs the form's pooling): it must not fail the host's forward."""
+    from ditgate.sparse.selector import TileSelector
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the selection broke")
+
+    model, inputs = _wan()
+    ref = _forward(model, inputs, 500)
+    plan = ditgate.attach(model, forms=["flex_sparse"], measure=False, sparse=_setting())
+    monkeypatch.setattr(TileSelector, "select", broken)
+    out = _forward(model, inputs, 500)
+    routes = routes_of(plan)
+    plan.detach()
+    assert torch.equal(out, ref)
+    assert routes["blocks.0.attn1"] == {("host", "flex_sparse raised"): 1}

@@ -166,7 +166,10 @@ class SiteRouter:
         if decision.form is None:
             return self._host(call, decision.reason, host)
         form = self.context.forms[decision.form]
-        call, inputs, dense = self.prepare(form, call, inputs)
+        try:  # the selection and the padding cut run the form's own code too (its pooling)
+            call, inputs, dense = self.prepare(form, call, inputs)
+        except Exception as exc:  # never fail a call the host could serve
+            return self._failed(form, exc, call, host)
         if dense:
             return self._host(call, dense, host)
         blocked = self.usable(decision.form, call)
@@ -175,14 +178,18 @@ class SiteRouter:
         try:
             out = inputs.finish(form.run(inputs))
         except Exception as exc:  # never fail a call the host could serve
-            if self.ledger.failed(form.name, exc):
-                logger.warning("ditgate: %s: form %s %s; the host serves this site from now on",
-                               self.name, form.name, self.ledger.disabled[form.name])
-            return self._host(call, f"{form.name} raised", host)
+            return self._failed(form, exc, call, host)
         if self.context.tally:
             self.ledger.served(form.name)
         self._observe(call, form.name, "")
         return to_host(out)
+
+    def _failed(self, form: Form, exc: Exception, call: AttentionCall, host: HostFn) -> torch.Tensor:
+        """The host serves a call its form raised on; the ledger counts it and, past its limit, disables the form."""
+        if self.ledger.failed(form.name, exc):
+            logger.warning("ditgate: %s: form %s %s; the host serves this site from now on",
+                           self.name, form.name, self.ledger.disabled[form.name])
+        return self._host(call, f"{form.name} raised", host)
 
     def _host(self, call: AttentionCall, reason: str, host: HostFn) -> torch.Tensor:
         if self.context.tally:

@@ -515,4 +515,8 @@ def layouts_of_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> For
     if reader is None:
         return ForwardLayouts((), f"no verified token layout for {type(model).__name__} "
                                   f"(verified: {', '.join(FAMILIES)}); its attention stays dense")
-    return reader(model, args, kwargs)
+    try:
+        return reader(model, args, kwargs)
+    except Exception as exc:  # noqa: BLE001 - read in the host's forward, which a reader must never fail
+        return ForwardLayouts((), f"{type(model).__name__}: no layout could be read from this forward's arguments "
+                                  f"({type(exc).__name__}: {exc}); its attention stays dense")

@@ -76,8 +76,12 @@ class StepCounter:
         timestep = kwargs.get("timestep")
         if timestep is None and position is not None and len(args) > position:
             timestep = args[position]
-        if timestep is not None:
+        if timestep is None:
+            return
+        try:
             self.observe(timestep)
+        except (TypeError, ValueError, RuntimeError):  # read in the host's forward, which it must never fail
+            pass  # a timestep it cannot read (empty, not a number) leaves the step where it was
 
 
 def timestep_position(model: torch.nn.Module) -> int | None:
