@@ -130,6 +130,10 @@
 #                                        dense), kandinsky5-lite-768x512x121 or framepack-720p-9f with LAYERS=2,
 #                                        wan22-ti2v-5b-1280x704x121 (its starting frame dense),
 #                                        hunyuan-video15-848x480x121 with LAYERS=4 (its square padding mask cut)
+#   bash benchmarks/gpu.sh s20-presets   (carry .whl, after prep and join)  install; the s19-model rows (no GPU-busy
+#                                        pass, $ROUNDS default 2) on each of $PRESETS ("preset:layers ...", default the
+#                                        families verified in session 20), one after another, each under $EACH seconds
+#                                        (default 150), each into $OUT/<preset>
 # The wheels: bash benchmarks/fetch_gpu_wheels.sh (on a machine with network).
 set -uo pipefail
 stage=${1:?stage}
@@ -395,6 +399,20 @@ s19-model)  # carry .whl, after prep and join: a whole forward of the model with
         --layers ${LAYERS:-8} --backends native _native_cudnn --profiles quality speed --sparse ${BUDGET:-0.3} \
         --sparse-static fp8_sparse block_sparse --rounds ${ROUNDS:-3} --gpu-busy --out "$OUT" 2>&1 \
         | tee "$OUT/bench-model.log" | grep -v "aux_data\|exe_args\|Attention backends are" | tail -40
+    ;;
+s20-presets)  # carry .whl, after prep and join: whole forwards of the families whose layouts session 20 verified
+    [ -f "$SITE/.with-cu13" ] || install
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
+    for item in ${PRESETS:-wan-animate-14b-720p-77f:5 wan22-ti2v-5b-1280x704x121:4 framepack-720p-9f:2 \
+                 kandinsky5-lite-768x512x121:4 hunyuan-video15-848x480x121:4}; do
+        preset=${item%%:*}; layers=${item##*:}
+        mkdir -p "$OUT/$preset"
+        echo "== $preset, $layers blocks"
+        timeout ${EACH:-150} python3 -m ditgate.cli.main bench model --preset "$preset" --layers "$layers" \
+            --backends native _native_cudnn --profiles quality speed --sparse ${BUDGET:-0.3} \
+            --sparse-static fp8_sparse block_sparse --rounds ${ROUNDS:-2} --out "$OUT/$preset" 2>&1 \
+            | tee "$OUT/$preset/bench-model.log" | grep -v "aux_data\|exe_args\|Attention backends are" | tail -14
+    done
     ;;
 s17-final)  # carry .whl, after prep and join: the selector's GPU test, then the sparse stage at LTX with fa4 alongside
     # (SHAPE=wan: at Wan-14B instead, as s15-wan)
