@@ -2,7 +2,7 @@
 
 ``attach(..., sparse=SparseSetting(...))`` makes one ``SparseStage`` per plan. Per denoiser it installs
 a forward pre-hook (outside any compiled region of the model) that reads the token layouts of that
-forward from its arguments (``families.py``) and advances the plan's step counter from its timestep. The
+forward from its arguments (``families``) and advances the plan's step counter from its timestep. The
 schedule's layers are counted in the order blocks first attend over a sequence with a layout. Sites
 then ask ``selection`` for their call: a ``Selection`` with key-block lists, or ``lists=None`` with the
 reason the call stays dense (no verified layout, cross-attention, a dense step or layer of the
