@@ -875,8 +875,6 @@ def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str,
         return False
     if lists is not None and lists[1] != ROWS_K:
         return False
-    if lists is not None and k.shape[2] != q.shape[2]:
-        return False  # lists over keys that end before the queries (a masked padding dropped): not yet run on a GPU
     if (qk, q.shape[3], None if lists is None else lists[0]) not in FASTER_THAN_TRITON:
         return False
     return qk != "plain" or all(host_layout(t) is not None for t in (q, k, v))
