@@ -16,16 +16,22 @@ from ditgate.sparse.families import layouts_of_forward
 from .helpers import CaptureForm, Tiny, twice
 
 
-def _first_self_queries(tiny: Tiny, length: int | None = None, **overrides) -> torch.Tensor:
-    """The queries of the forward's first attention call, or of its first over ``length`` tokens (HunyuanVideo's
-    token refiner attends over its text alone first)."""
+def _queries(tiny: Tiny, *overrides: dict) -> list[torch.Tensor]:
+    """Every attention call's queries, in call order, over one forward per dict of ``overrides``."""
     cap = CaptureForm()
     plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
     try:
-        tiny.forward(**overrides)
+        for changed in overrides:
+            tiny.forward(**changed)
     finally:
         plan.detach()
-    return next(x for x in cap.queries if length is None or x.shape[2] == length)
+    return cap.queries
+
+
+def _first_self_queries(tiny: Tiny, length: int | None = None, **overrides) -> torch.Tensor:
+    """The queries of the forward's first attention call, or of its first over ``length`` tokens (HunyuanVideo's
+    token refiner attends over its text alone first)."""
+    return next(x for x in _queries(tiny, overrides) if length is None or x.shape[2] == length)
 
 
 @pytest.mark.parametrize("name, kinds", [("tiny-wan", {"video"}), ("tiny-ltx", {"video"}),
@@ -79,16 +85,10 @@ def test_hunyuan_video_puts_the_latent_first_then_text_then_the_masked_padding()
     assert found.padding_mask and layout.grid == (2, 4, 4)
     assert [(s.kind, s.end - s.start) for s in layout.segments] == [("video", 32), ("text", 6), ("padding", 2)]
     assert layout.keys_end == 38
-    cap = CaptureForm()
-    plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
-    try:
-        tiny.forward()
-        tiny.forward(encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0)
-    finally:
-        plan.detach()
+    queries = _queries(tiny, {}, {"encoder_hidden_states": tiny.inputs["encoder_hidden_states"] + 1.0})
     # each forward: the token refiner's attention over the 8 text tokens alone, then the joint blocks'
-    assert [x.shape[2] for x in cap.queries] == [8, 40, 40] * 2
-    joint, moved_joint = cap.queries[1], cap.queries[4]
+    assert [x.shape[2] for x in queries] == [8, 40, 40] * 2
+    joint, moved_joint = queries[1], queries[4]
     moved = (moved_joint - joint).abs().amax(dim=(0, 1, 3)) > 1e-6
     not_video = torch.tensor([k != "video" for k in layout.token_kinds()])
     assert torch.equal(moved, not_video)  # text and padding rows move, video rows do not
@@ -114,14 +114,8 @@ def test_ltx2_layouts_describe_the_video_self_attention_only():
     assert layout is not None and layout.visual().end == 32 and not why
     assert found.for_call("transformer_blocks.0.audio_attn1", 32) == (
         None, "the layouts describe the attn1 modules' sequences only")
-    cap = CaptureForm()
-    plan = ditgate.attach(tiny.model, forms=["capture"], measure=False, extra_forms=[cap])
-    try:
-        tiny.forward()
-        tiny.forward(encoder_hidden_states=tiny.inputs["encoder_hidden_states"] + 1.0)
-    finally:
-        plan.detach()
-    video = [x for x in cap.queries if x.shape[2] == 32]
+    queries = _queries(tiny, {}, {"encoder_hidden_states": tiny.inputs["encoder_hidden_states"] + 1.0})
+    video = [x for x in queries if x.shape[2] == 32]
     assert torch.equal(video[0], video[len(video) // 2])  # the text does not reach the video self-attention
 
 

@@ -53,12 +53,13 @@ class TokenLayout:
         are left out, and neighbours of one kind make one segment."""
         segs, pos = [], 0
         for kind, n in stretches:
-            if n > 0 and segs and segs[-1].kind == kind:
+            if n <= 0:
+                continue
+            if segs and segs[-1].kind == kind:
                 segs[-1] = Segment(segs[-1].start, pos + n, kind)
-                pos += n
-            elif n > 0:
+            else:
                 segs.append(Segment(pos, pos + n, kind))
-                pos += n
+            pos += n
         return cls(pos, tuple(segs), grid, source)
 
     @classmethod

@@ -98,6 +98,7 @@ class SparseStage:
         self._positions: dict[str, int | None] = {}
         self._forward: dict[str, ForwardLayouts] = {}
         self._denoiser_of: dict[str, str] = {}
+        self._block_of: dict[str, str] = {}  # module path -> its block (``transformer.blocks.3``), read at install
         # layer index per block, per denoiser: the order in which blocks first attend over a sequence with a layout,
         # so that stacks that never do (HunyuanVideo's token refiner, Kandinsky's text blocks, Wan Animate's face
         # adapters) do not count among "the first layers"
@@ -113,6 +114,7 @@ class SparseStage:
         self._layers[name] = {}
         for path in module_paths:
             self._denoiser_of[path] = name
+            self._block_of[path] = _block_of(path)
 
         padding = self.padding
 
@@ -145,7 +147,7 @@ class SparseStage:
         if layout is None:
             return self._dense(site_name, q, why, 1.0)
         layers = self._layers[denoiser]
-        layer = layers.setdefault(_block_of(module_path), len(layers))
+        layer = layers.setdefault(self._block_of[module_path], len(layers))
         if layer < schedule.dense_layers:
             return self._dense(site_name, q, f"layer {layer} runs dense (schedule: first {schedule.dense_layers})", 1.0)
         step = self.counter.step
