@@ -1,4 +1,4 @@
-"""Fixtures shared by the tests."""
+"""Set-up shared by the tests."""
 
 import os
 
@@ -8,12 +8,3 @@ import torch
 # module is first imported, so it is set before any test imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from .helpers import TINY, Tiny  # noqa: E402
-
-
-@pytest.fixture(params=TINY)
-def tiny(request) -> Tiny:
-    return Tiny(request.param)

@@ -32,10 +32,11 @@ def test_bench_kernels_writes_every_row_and_gates(tmp_path):
 
 
 def test_bench_model_rows_reasons_and_gate(tmp_path):
-    args = ["model", "--preset", "tiny-wan", "--backends", "native", "_native_cudnn", "sage", "--profiles", "quality",
-            "--rounds", "2", "--out", str(tmp_path)]
-    res = _bench(*args, "--max-ms", "1e6")
-    assert res.returncode == 0, res.stdout + res.stderr
+    """One run whose latency gate fails: the rows are written before the gate judges them (the gate's passing side
+    is the same function, checked by the kernels command above)."""
+    res = _bench("model", "--preset", "tiny-wan", "--backends", "native", "_native_cudnn", "sage", "--profiles",
+                 "quality", "--rounds", "2", "--out", str(tmp_path), "--max-ms", "0.000001")
+    assert res.returncode == 1 and "latency gate FAILED: tiny-wan ditgate quality" in res.stdout, res.stdout + res.stderr
     data = json.loads((tmp_path / "bench-model-tiny-wan.json").read_text())
     rows = {r["name"]: r for r in data["rows"]}
     assert set(rows) == {"stock native", "stock _native_cudnn", "stock sage", "ditgate quality"}
@@ -46,8 +47,6 @@ def test_bench_model_rows_reasons_and_gate(tmp_path):
     assert rows["stock _native_cudnn"]["status"] != "ok" and rows["stock _native_cudnn"]["reason"]
     assert data["explain"]["quality"] and data["environment"]["packages"]["diffusers"]
     assert (tmp_path / "bench-model-tiny-wan.png").exists()
-    gated = _bench(*args, "--max-ms", "0.000001")
-    assert gated.returncode == 1 and "latency gate FAILED" in gated.stdout
 
 
 def test_stock_rows_do_not_inherit_a_backend():
@@ -68,6 +67,7 @@ def test_stock_rows_do_not_inherit_a_backend():
                for m in model.modules() if hasattr(m, "processor"))
 
 
+@pytest.mark.slow  # a subprocess that calibrates a whole model: 10-20 s
 def test_bench_model_loads_local_weights(tmp_path):
     from ditgate.models.presets import get_preset
 
@@ -79,6 +79,7 @@ def test_bench_model_loads_local_weights(tmp_path):
     assert "--weights" in data["command"] and all(r["status"] == "ok" for r in data["rows"])
 
 
+@pytest.mark.slow  # a subprocess that calibrates a whole model: 10-20 s
 def test_bench_model_sparse_rows_say_what_served_each_site(tmp_path):
     res = _bench("model", "--preset", "tiny-wan", "--layers", "1", "--backends", "native", "--profiles", "speed",
                  "--sparse", "0.5", "--sparse-block", "16", "--sparse-static", "flex_sparse", "--rounds", "1",

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _ditgate(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "ditgate.cli.main", *args], capture_output=True, text=True,
@@ -49,6 +51,7 @@ def test_demo_static_mode_routes_every_site(tmp_path):
     assert all(s["serving"] == "sdpa_math" for s in data["sites"])
 
 
+@pytest.mark.slow  # the gate measures the sparse forms (compiled flex) on top of the dense ones: 10-30 s
 def test_demo_with_the_sparse_stage_says_how_each_sparse_form_fared(tmp_path):
     res = _ditgate("demo", "--models", "tiny-wan", "--sparse", "0.5", "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr

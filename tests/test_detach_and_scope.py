@@ -6,14 +6,16 @@ import torch
 import ditgate
 from ditgate.hosts import find_attention_modules
 
-from .helpers import Tiny
+from .helpers import TINY, Tiny, slow_beyond
 
 
 def _processors(model):
     return [m.module.processor for m in find_attention_modules(model)]
 
 
-def test_detach_is_bit_exact(tiny):
+@pytest.mark.parametrize("name", slow_beyond(TINY))
+def test_detach_is_bit_exact(name):
+    tiny = Tiny(name)
     before = tiny.forward()
     state = {k: v.clone() for k, v in tiny.model.state_dict().items()}
     procs = _processors(tiny.model)

@@ -32,7 +32,9 @@ def _count_sdpa_calls(monkeypatch, tiny: Tiny) -> int:
 OUTSIDE_MODULES = {"tiny-mochi": 1}
 
 
-def test_discovery_finds_every_attention_call(monkeypatch, tiny):
+@pytest.mark.parametrize("name", TINY)
+def test_discovery_finds_every_attention_call(monkeypatch, name):
+    tiny = Tiny(name)
     expected_calls = _count_sdpa_calls(monkeypatch, tiny) - OUTSIDE_MODULES.get(tiny.preset.name, 0)
     assert expected_calls > 0
     plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False)

@@ -112,7 +112,8 @@ def _layouts():
     yield TokenLayout.video_then(203, ())  # video only, a partial last tile
 
 
-@pytest.mark.parametrize("budget", [0.2, 0.5, 0.8])
+@pytest.mark.slow  # the kernels interpreted over three layouts: 5-20 s per budget (the tie and pooling tests below
+@pytest.mark.parametrize("budget", [0.2, 0.5, 0.8])  # run the same kernels in the default set, at smaller inputs)
 def test_the_triton_kernels_give_the_torch_paths_lists(budget):
     """The selector's two Triton kernels (interpreted here) against its torch path, Q stored B, S, H, D."""
     pytest.importorskip("triton")
@@ -180,6 +181,7 @@ def test_taller_query_tiles_never_keep_fewer_than_their_overlap():
     assert sel.keep_count(lay, 0.01) == 1 and sel.keep_count(lay, 0.01, 12) == 2
 
 
+@pytest.mark.slow  # the kernels interpreted over three layouts: 5-15 s per height
 @pytest.mark.parametrize("rows", [12, 24])
 def test_the_triton_kernels_give_the_torch_paths_lists_for_taller_query_tiles(rows):
     pytest.importorskip("triton")
