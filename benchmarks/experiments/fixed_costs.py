@@ -38,7 +38,7 @@ FRACTIONS = (0.125, 0.25, 0.3, 0.5, 1.0)
 
 def random_inputs(shape: str):
     """Q, K, V of one of ``SHAPES`` (random bf16 in diffusers' [B, S, H, D] storage, seen as B, H, S, D), the
-    softmax scale and the query rows per list tile: what this script and ``host_costs.py`` time."""
+    softmax scale and the query rows per list tile."""
     h, s, d, groups = SHAPES[shape]
     q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
     return q, k, v, d ** -0.5, 64 * groups
@@ -133,12 +133,6 @@ def whole_call_variants(q, k, v, scale, rows_q) -> dict:
             print(f"{way}: not the bits of the selector pooling itself, cosine {cosine.item():.7f}")
     return {"whole call, selector pools": own, "whole call, quantization pools": pooled,
             "whole call, quantization pools, KV beside": lambda: pooled(beside)}
-
-
-def plain_whole_call(q, k, v, scale, rows_q):
-    """The bf16 sparse form's (``block_sparse``) whole call (``selecting_call``): nothing quantizes Q and K, so the
-    selector pools them, then the kernel reads the host's tensors over its lists."""
-    return selecting_call(_probed("block_sparse"), q, k, v, scale, rows_q)
 
 
 def whole_calls(q, k, v, scale, rows_q, rounds, record):
