@@ -13,7 +13,7 @@ float64 attention, per source alone and all together, for the FP8 and INT8 modes
 also what FP8 Q·Kᵀ with an unrounded P·V would give, a mode the kernels do not have). CPU only; under a
 minute.
 
-Two changes the kernels do not make, for the quantization in one pass (results 2026-12-04-h200-s18): V scaled
+Two changes the kernels do not make, for the quantization in one pass: V scaled
 per block of 128 keys (one scale for all channels, folded into P's exponent for that block: P' = P · s_j / S, S
 the head's largest block scale, so P' stays within e4m3 and rounds after the shift; or s_j a power of two), which
 needs no pass over all of V first; and K smoothed by the mean of its first 128 keys instead of all (any vector is

@@ -1,6 +1,6 @@
 """Speed-up over the best exact dense form against budget, and cosine, from sparse_attention.py's JSON.
 
-    python benchmarks/plot_sparse.py benchmarks/results/2026-12-02-h200/sparse-attention.json
+    python benchmarks/plot_sparse.py OUT/sparse-attention.json   (writes the PNG beside it)
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def bench(fn):
 def kernel_rounds(launches: dict, rounds: int, record) -> dict:
     """Each launch timed once per round, the order reversed every other round and turned by the round's number, so
     that no launch always runs after minutes of load (a fixed order, dense first and the longest list last, had
-    made every block listed look 4.7-8.7 % slower than dense, where Nsight Compute counted the same cycles:
-    results 2026-12-04-h200-s14, calls f and i). Records every round; returns each launch's median."""
+    made every block listed look 4.7-8.7 % slower than dense on the H200, where Nsight Compute counted the same
+    cycles). Records every round; returns each launch's median."""
     keys = list(launches)
     times: dict = {key: [] for key in keys}
     for r in range(rounds):
@@ -109,12 +109,12 @@ def whole_call_variants(q, k, v, scale, rows_q) -> dict:
     and the same with K and V quantized on a second stream beside the selection (``kv_beside_selection``). Prints the
     cosine of an output that has not the first's bits: the selector's own tile means (each tile's rows summed at
     once) and the quantization's (per block of 64 or 128 rows, then per tile) round apart, and where two tiles'
-    scores nearly tie, a row may keep the other (at Wan-14B in results 2026-12-04-h200-s18, call c)."""
+    scores nearly tie, a row may keep the other (seen at Wan-14B)."""
     from ditgate.forms import AttentionInputs
     from ditgate.forms.base import describe_call
 
     form, beside = _probed("fp8_sparse"), _probed("fp8_sparse")
-    form.kv_beside_selection = False  # the one-stream path (the form's default again since results s17, call f)
+    form.kv_beside_selection = False  # the one-stream path (the form's default)
     beside.kv_beside_selection = True  # K and V quantized on a second stream, beside the selection
     layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
     call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
