@@ -14,6 +14,7 @@ def _bench(*args):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow  # subprocesses that compile and time every form: 12-30 s
 def test_bench_kernels_writes_every_row_and_gates(tmp_path):
     res = _bench("kernels", "--preset", "tiny", "--warm", "3", "--out", str(tmp_path), "--max-ms", "1e6")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -31,6 +32,7 @@ def test_bench_kernels_writes_every_row_and_gates(tmp_path):
     assert bad.returncode != 0 and "H,S,D" in bad.stderr
 
 
+@pytest.mark.slow  # a subprocess that calibrates a model and times its rows: 12-30 s
 def test_bench_model_rows_reasons_and_gate(tmp_path):
     """One run whose latency gate fails: the rows are written before the gate judges them (the gate's passing side
     is the same function, checked by the kernels command above)."""
