@@ -6,7 +6,8 @@ measures: the first forward of each denoiser (or the caller's ``calibrate`` call
 site on its real inputs while the host serves the calls, then a whole-model check confirms the routes.
 ``measure=False`` skips measurement: the first usable form of the caller's ``forms`` (or of the
 documented exact priority) serves each call. ``plan.detach()`` puts back the original processor
-objects: the model is then exactly as it was.
+objects: the model is then exactly as it was. ``linear=...`` routes the denoisers' ``nn.Linear`` sites too
+(``api.linear``): 8-bit forms gated per site beside attention, the host's weights restored on detach.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from .. import __version__
 from ..forms import EXACT_PRIORITY, Form, Precision, check_form_names, create_forms, form_info
+from ..forms.linear import create_linear_forms
 from ..gate import (
     GateChooser,
     Profile,
@@ -34,12 +36,15 @@ from ..gate import (
     whole_model_check,
 )
 from ..gate.chooser import CALIBRATING, LIVE
+from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linear_setting
 from ..gate.receipt import now
 from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
-from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from ..router.linear import StaticLinearChooser
 from ..sparse.padding import PaddingKeys
 from ..sparse.stage import SparseSetting, SparseStage
 from .explain import explain as render_explain
+from .linear import LinearPart, serving_route
 from .report import PlanReport, SiteRecord, SkippedModule, SparseRecord
 
 logger = logging.getLogger("ditgate")
@@ -91,6 +96,7 @@ class Plan:
         self._checking = False
         self._detached = False
         self.device = _device_of(denoisers[0][1])
+        self.linear: LinearPart | None = None  # the linear sites, with attach(..., linear=...)
 
     # --- attaching -----------------------------------------------------------------------------------
     def _install(self) -> None:
@@ -117,6 +123,14 @@ class Plan:
         self.context.sparse = stage
         for name, model in self.denoisers:
             self._hooks += stage.install(name, model, self._paths_of(name))
+
+    def _install_linear(self, setting: LinearSetting, chooser) -> None:
+        measuring = not isinstance(chooser, StaticLinearChooser)
+        self.linear = LinearPart(setting, chooser.forms if measuring else create_linear_forms(setting.forms),
+                                 chooser, self.context, measuring)
+        self.linear.install(self.denoisers)
+        if not measuring:
+            self.linear.settle_static()
 
     def _paths_of(self, name: str) -> list[str]:
         """The routed attention modules' paths of the denoiser ``name``."""
@@ -176,6 +190,8 @@ class Plan:
                 self.context.sparse.checking = False
         self._whole.append(check)
         self._release_losers()
+        if self.linear is not None:
+            self.linear.settle(self.chooser.verdicts)
 
     def _release_losers(self) -> None:
         chosen = {v.form for v in self.chooser.verdicts.values() if v.form}
@@ -224,17 +240,10 @@ class Plan:
             for index in sorted(att.router.sites):
                 s = att.router.sites[index]
                 counts = s.ledger.route_counts()
-                live = [c for c in counts if c.reason != "calibrating"]
-                serving = "-"
-                if live:
-                    top = max(live, key=lambda c: c.calls)
-                    serving = top.route
-                elif counts:
-                    serving = HOST
                 sites.append(SiteRecord(
                     name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
                     convention=s.convention.value, shapes=tuple(c.shapes_text() + f" {c.dtype}" for c in s.shapes.values()),
-                    calls=s.ledger.calls, serving=serving, routes=counts, failures=s.ledger.failure_counts(),
+                    calls=s.ledger.calls, serving=serving_route(counts), routes=counts, failures=s.ledger.failure_counts(),
                     verdicts=tuple(verdicts_by_site.get(s.name, ())),
                 ))
         return PlanReport(
@@ -249,6 +258,8 @@ class Plan:
             environment=environment(self.device),
             detached=self._detached,
             sparse=SparseRecord(*self.context.sparse.describe()) if self.context.sparse is not None else None,
+            linear=self.linear.record(self.chooser.verdicts if isinstance(self.chooser, GateChooser) else {})
+            if self.linear is not None else None,
         )
 
     def explain(self) -> str:
@@ -280,6 +291,8 @@ class Plan:
                                att.router.found.path)
         for form in self.forms.values():
             form.release()
+        if self.linear is not None:
+            self.linear.detach()
         self._captured.clear()
         self._detached = True
 
@@ -316,6 +329,7 @@ def attach(
     on_route: Callable[[RouteEvent], None] | None = None,
     extra_forms: Sequence[Form] = (),
     sparse: SparseSetting | None = None,
+    linear: bool | Sequence[str] | LinearSetting | None = None,
 ) -> Plan:
     """Route the attention of ``target`` (a diffusers pipeline or a model) through ditgate.
 
@@ -330,9 +344,15 @@ def attach(
     sparse: a ``SparseSetting``: the block-sparse forms it names become candidates (bounded error, so
         the profile must allow bounded forms), selections follow its pattern and budget schedule, and
         the gate measures them against the host at each self-attention site and shape.
+    linear: route the denoisers' ``nn.Linear`` sites too: True (every linear form), linear form names
+        (``"fp8_linear"``, ``"int8_linear"``) or a ``LinearSetting`` (forms, roles, where the host weights wait,
+        floors). Bounded-error: the profile must allow bounded forms (the quality profile never quantizes a linear).
+        Measured, each site keeps the form that wins on its live input (speed timed once per shape key); static
+        (``measure=False``), each per-token site takes the first form whose envelope serves it.
     """
     if sparse is not None and not isinstance(sparse, SparseSetting):
         raise TypeError(f"sparse must be a SparseSetting, not {type(sparse).__name__}")
+    linear_set = linear_setting(linear)
     if on_mismatch not in ("refuse", "measure"):
         raise ValueError(f"on_mismatch must be 'refuse' or 'measure', not {on_mismatch!r}")
     denoisers = denoisers_of(target)
@@ -364,11 +384,14 @@ def attach(
         plan._install()
         if sparse is not None:
             plan._install_sparse(sparse)
+        if linear_set is not None:
+            plan._install_linear(linear_set, StaticLinearChooser({}))
         return plan
     prof = loaded.profile if loaded is not None else resolve_profile(profile, forms, min_speedup, extra_names)
     if sparse is not None and Precision.BOUNDED not in prof.precisions:
         raise ValueError(f"sparse attention is bounded-error; profile {prof.name!r} allows exact forms only "
                          "(use profile='balanced' or 'speed', or a Profile that allows bounded forms)")
+    floors = linear_floors(prof, linear_set) if linear_set is not None else None
     chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape,
                           sparse_forms=sparse.forms if sparse is not None else ())
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
@@ -376,11 +399,15 @@ def attach(
     plan._install()
     if sparse is not None:
         plan._install_sparse(sparse)
+    if linear_set is not None:
+        plan._install_linear(linear_set, LinearGateChooser(chooser, create_linear_forms(), linear_set, floors))
     if loaded is not None:
         for v in loaded.verdicts:
             chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")
         plan._whole = list(loaded.whole_model)
         plan._calibrated = {name for name, _ in denoisers}
+        if plan.linear is not None:
+            plan.linear.settle(chooser.verdicts)
     elif calibrate is not None:
         plan.calibrate(calibrate)
     else:
