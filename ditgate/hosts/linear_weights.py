@@ -141,7 +141,7 @@ class WeightCustody:
             return
         weight = self.original
         stand_in = HeldWeight(weight.shape, weight.dtype, weight.device, self.site, self.payload_form or "?")
-        if keep == "cpu" or weight.device.type == "cpu":
+        if keep == "cpu":
             weight.data = _to_cpu_memory(weight.data)
         self.module._parameters["weight"] = torch.nn.Parameter(stand_in, requires_grad=False)
         self.released_to = keep
