@@ -33,7 +33,10 @@ from ..gate import (
     resolve_profile,
     whole_model_check,
 )
+from ..gate.book import TimingBook
+from ..gate.cache import TimingCache
 from ..gate.chooser import CALIBRATING, LIVE
+from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
 from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
 from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
@@ -73,7 +76,7 @@ class Plan:
 
     def __init__(self, target: object, denoisers: list[tuple[str, torch.nn.Module]], forms: dict[str, Form],
                  chooser, mode: str, profile: Profile | None, order: tuple[str, ...],
-                 on_route: Callable[[RouteEvent], None] | None) -> None:
+                 on_route: Callable[[RouteEvent], None] | None, progress: bool | None = None) -> None:
         self.target = target
         self.denoisers = denoisers
         self.forms = forms
@@ -90,6 +93,8 @@ class Plan:
         self._captured: dict[str, tuple[tuple, dict]] = {}
         self._checking = False
         self._detached = False
+        self._progress_bar = progress  # None: a bar on a terminal, log lines elsewhere
+        self._progress: CalibrationProgress | None = None
         self.device = _device_of(denoisers[0][1])
 
     # --- attaching -----------------------------------------------------------------------------------
@@ -140,6 +145,7 @@ class Plan:
                 if self._checking or name in self._calibrated:
                     return None
                 self._captured[name] = (args, kwargs)
+                self._start_progress(name, self._site_count(name))
                 self.chooser.mode = CALIBRATING
                 return None
 
@@ -147,6 +153,7 @@ class Plan:
                 if self._checking or name in self._calibrated:
                     return None
                 self.chooser.mode = LIVE
+                self._end_progress()
                 self._finish_calibration(name, model)
                 for h in handles:
                     h.remove()
@@ -155,6 +162,21 @@ class Plan:
             handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(model.register_forward_hook(post, with_kwargs=True))
             self._hooks += handles
+
+    def _site_count(self, name: str | None) -> int:
+        """The sites known so far (of denoiser ``name``, or of all): a module's later calls add sites as they come."""
+        return sum(len(a.router.sites) for a in self._attached
+                   if name is None or a.router.found.path == name or a.router.found.path.startswith(self._prefix(name)))
+
+    def _start_progress(self, label: str, total: int) -> None:
+        self._progress = CalibrationProgress(label, total, self.chooser.book, bar=self._progress_bar)
+        self.chooser.progress = self._progress.site_done
+
+    def _end_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        self._progress = None
+        self.chooser.progress = None
 
     def _finish_calibration(self, name: str, model: torch.nn.Module) -> None:
         self._calibrated.add(name)
@@ -175,6 +197,7 @@ class Plan:
             if self.context.sparse is not None:
                 self.context.sparse.checking = False
         self._whole.append(check)
+        self.chooser.book.flush()
         self._release_losers()
 
     def _release_losers(self) -> None:
@@ -200,11 +223,13 @@ class Plan:
                     self._captured[name] = (args, kwargs)
 
             capture_handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+        self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING
         try:
             fn()
         finally:
             self.chooser.mode = LIVE
+            self._end_progress()
             for h in capture_handles:
                 h.remove()
         for name, model in self.denoisers:
@@ -280,6 +305,9 @@ class Plan:
                                att.router.found.path)
         for form in self.forms.values():
             form.release()
+        if isinstance(self.chooser, GateChooser):
+            self.chooser.book.flush()  # what shapes first seen after calibration measured
+        self._end_progress()
         self._captured.clear()
         self._detached = True
 
@@ -316,6 +344,9 @@ def attach(
     on_route: Callable[[RouteEvent], None] | None = None,
     extra_forms: Sequence[Form] = (),
     sparse: SparseSetting | None = None,
+    timing_cache: bool | str | Path = True,
+    calibration_budget_s: float | None = None,
+    progress: bool | None = None,
 ) -> Plan:
     """Route the attention of ``target`` (a diffusers pipeline or a model) through ditgate.
 
@@ -330,6 +361,11 @@ def attach(
     sparse: a ``SparseSetting``: the block-sparse forms it names become candidates (bounded error, so
         the profile must allow bounded forms), selections follow its pattern and budget schedule, and
         the gate measures them against the host at each self-attention site and shape.
+    timing_cache: True (the default file, ``gate.cache.default_cache_path()``), a path, or False: timings
+        measured in an earlier process with the same environment are reused, so only accuracy is measured.
+    calibration_budget_s: a cap on the seconds spent measuring; a site reached after it takes the verdict
+        another site reached for its shape key (saying so), or the host.
+    progress: calibration progress as a bar (True), as log lines (False), or a bar on a terminal only (None).
     """
     if sparse is not None and not isinstance(sparse, SparseSetting):
         raise TypeError(f"sparse must be a SparseSetting, not {type(sparse).__name__}")
@@ -369,10 +405,15 @@ def attach(
     if sparse is not None and Precision.BOUNDED not in prof.precisions:
         raise ValueError(f"sparse attention is bounded-error; profile {prof.name!r} allows exact forms only "
                          "(use profile='balanced' or 'speed', or a Profile that allows bounded forms)")
+    device = _device_of(denoisers[0][1])
+    cache = None
+    if timing_cache is not False and timing_cache is not None:
+        cache = TimingCache(None if timing_cache is True else timing_cache)
     chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape,
-                          sparse_forms=sparse.forms if sparse is not None else ())
+                          sparse_forms=sparse.forms if sparse is not None else (),
+                          book=TimingBook(cache, environment(device)), budget_s=calibration_budget_s)
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
-                tuple(chooser.candidates()), on_route)
+                tuple(chooser.candidates()), on_route, progress)
     plan._install()
     if sparse is not None:
         plan._install_sparse(sparse)
