@@ -173,6 +173,8 @@ class GateChooser:
         book = self.book if self.profile.share_timing else TimingBook()
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book,
                          inputs.query.device)
+        if book is not self.book:
+            self.book.timed += book.timed  # a private book's timings still count
         chosen = result.chosen
         return Verdict(site.name, call.shape_key, chosen.form if chosen else None, "measured", chosen,
                        result.measured, tuple(refusals) + result.refusals)
