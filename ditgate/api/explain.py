@@ -29,7 +29,7 @@ def _verdict_cells(site) -> tuple[str, str, str, str, str]:
     for v in site.verdicts:
         c = v.chosen if v.form else None
         parts["verdict"].append(f"{v.form or 'host'} ({v.source})")
-        parts["ratio"].append(f"{c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}]" if c else "-")
+        parts["ratio"].append(f"{c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}]\n{c.timing_text(v.site)}" if c else "-")
         parts["cos"].append(f"{c.cosine:.6f}" if c else "-")
         parts["mem"].append(f"+{_bytes(c.peak_bytes)} peak / {_bytes(c.resident_bytes)} held" if c else "-")
         # Refusals that hold for every site (form not available here, not allowed by the profile) are

@@ -35,8 +35,11 @@ from ..gate import (
     resolve_profile,
     whole_model_check,
 )
+from ..gate.book import TimingBook
+from ..gate.cache import TimingCache
 from ..gate.chooser import CALIBRATING, LIVE
 from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linear_setting
+from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
 from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
@@ -78,7 +81,7 @@ class Plan:
 
     def __init__(self, target: object, denoisers: list[tuple[str, torch.nn.Module]], forms: dict[str, Form],
                  chooser, mode: str, profile: Profile | None, order: tuple[str, ...],
-                 on_route: Callable[[RouteEvent], None] | None) -> None:
+                 on_route: Callable[[RouteEvent], None] | None, progress: bool | None = None) -> None:
         self.target = target
         self.denoisers = denoisers
         self.forms = forms
@@ -95,6 +98,8 @@ class Plan:
         self._captured: dict[str, tuple[tuple, dict]] = {}
         self._checking = False
         self._detached = False
+        self._progress_bar = progress  # None: a bar on a terminal, log lines elsewhere
+        self._progress: CalibrationProgress | None = None
         self.device = _device_of(denoisers[0][1])
         self.linear: LinearPart | None = None  # the linear sites, with attach(..., linear=...)
 
@@ -154,6 +159,7 @@ class Plan:
                 if self._checking or name in self._calibrated:
                     return None
                 self._captured[name] = (args, kwargs)
+                self._start_progress(name, self._site_count(name))
                 self.chooser.mode = CALIBRATING
                 return None
 
@@ -161,6 +167,7 @@ class Plan:
                 if self._checking or name in self._calibrated:
                     return None
                 self.chooser.mode = LIVE
+                self._end_progress()
                 self._finish_calibration(name, model)
                 for h in handles:
                     h.remove()
@@ -169,6 +176,22 @@ class Plan:
             handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(model.register_forward_hook(post, with_kwargs=True))
             self._hooks += handles
+
+    def _site_count(self, name: str | None) -> int:
+        """The sites known so far (of denoiser ``name``, or of all): a module's later calls add sites as they come."""
+        paths = [a.router.found.path for a in self._attached for _ in a.router.sites]
+        paths += [r.name for r in self.linear.routers] if self.linear is not None else []
+        return sum(1 for p in paths if name is None or p == name or p.startswith(self._prefix(name)))
+
+    def _start_progress(self, label: str, total: int) -> None:
+        self._progress = CalibrationProgress(label, total, self.chooser.book, bar=self._progress_bar)
+        self.chooser.progress = self._progress.site_done
+
+    def _end_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        self._progress = None
+        self.chooser.progress = None
 
     def _finish_calibration(self, name: str, model: torch.nn.Module) -> None:
         self._calibrated.add(name)
@@ -189,6 +212,7 @@ class Plan:
             if self.context.sparse is not None:
                 self.context.sparse.checking = False
         self._whole.append(check)
+        self.chooser.book.flush()
         self._release_losers()
         if self.linear is not None:
             self.linear.settle(self.chooser.verdicts)
@@ -216,11 +240,13 @@ class Plan:
                     self._captured[name] = (args, kwargs)
 
             capture_handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+        self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING
         try:
             fn()
         finally:
             self.chooser.mode = LIVE
+            self._end_progress()
             for h in capture_handles:
                 h.remove()
         for name, model in self.denoisers:
@@ -291,6 +317,9 @@ class Plan:
                                att.router.found.path)
         for form in self.forms.values():
             form.release()
+        if isinstance(self.chooser, GateChooser):
+            self.chooser.book.flush()  # what shapes first seen after calibration measured
+        self._end_progress()
         if self.linear is not None:
             self.linear.detach()
         self._captured.clear()
@@ -330,6 +359,9 @@ def attach(
     extra_forms: Sequence[Form] = (),
     sparse: SparseSetting | None = None,
     linear: bool | Sequence[str] | LinearSetting | None = None,
+    timing_cache: bool | str | Path = True,
+    calibration_budget_s: float | None = None,
+    progress: bool | None = None,
 ) -> Plan:
     """Route the attention of ``target`` (a diffusers pipeline or a model) through ditgate.
 
@@ -349,6 +381,11 @@ def attach(
         floors). Bounded-error: the profile must allow bounded forms (the quality profile never quantizes a linear).
         Measured, each site keeps the form that wins on its live input (speed timed once per shape key); static
         (``measure=False``), each per-token site takes the first form whose envelope serves it.
+    timing_cache: True (the default file, ``gate.cache.default_cache_path()``), a path, or False: timings
+        measured in an earlier process with the same environment are reused, so only accuracy is measured.
+    calibration_budget_s: a cap on the seconds spent measuring; a site reached after it takes the verdict
+        another site reached for its shape key (saying so), or the host.
+    progress: calibration progress as a bar (True), as log lines (False), or a bar on a terminal only (None).
     """
     if sparse is not None and not isinstance(sparse, SparseSetting):
         raise TypeError(f"sparse must be a SparseSetting, not {type(sparse).__name__}")
@@ -391,11 +428,16 @@ def attach(
     if sparse is not None and Precision.BOUNDED not in prof.precisions:
         raise ValueError(f"sparse attention is bounded-error; profile {prof.name!r} allows exact forms only "
                          "(use profile='balanced' or 'speed', or a Profile that allows bounded forms)")
+    device = _device_of(denoisers[0][1])
+    cache = None
+    if timing_cache is not False and timing_cache is not None:
+        cache = TimingCache(None if timing_cache is True else timing_cache)
     floors = linear_floors(prof, linear_set) if linear_set is not None else None
     chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape,
-                          sparse_forms=sparse.forms if sparse is not None else ())
+                          sparse_forms=sparse.forms if sparse is not None else (),
+                          book=TimingBook(cache, environment(device)), budget_s=calibration_budget_s)
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
-                tuple(chooser.candidates()), on_route)
+                tuple(chooser.candidates()), on_route, progress)
     plan._install()
     if sparse is not None:
         plan._install_sparse(sparse)

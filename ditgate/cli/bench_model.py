@@ -117,7 +117,8 @@ class DitgateRow:
             return attach(model, forms=[self.static_form], measure=False, sparse=self.sparse)
         if receipt is not None:
             return attach(model, receipt=receipt, on_new_shape="host", sparse=self.sparse)
-        return attach(model, profile=self.profile, sparse=self.sparse)
+        # no timing cache: each run's cold pass is a first calibration (``bench calibration`` times a second one)
+        return attach(model, profile=self.profile, sparse=self.sparse, timing_cache=False, progress=False)
 
 
 def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
@@ -197,6 +198,14 @@ def _busy_text(busy: GpuBusy | str | None) -> str:
     return "; " + (busy.text() if isinstance(busy, GpuBusy) else f"GPU busy not measured: {busy}")
 
 
+def _calibration_text(cfg: _Config, native: _Config | None) -> str:
+    """"; calibration 4.1 s = 6.5 forwards": a ditgate row's cold pass (attach, the calibrating forward and the
+    whole-model check) over one warm stock forward."""
+    if cfg.kind != "ditgate" or cfg.cold_ms is None or native is None:
+        return ""
+    return f"; calibration {cfg.cold_ms / 1e3:.1f} s = {cfg.cold_ms / statistics.median(native.samples):.1f} forwards"
+
+
 def _served_text(served: Counter | None) -> str:
     """"; sites: fp8_sparse 8, fa4 8": how many sites each route served most, in the last timed pass."""
     if not served:
@@ -265,5 +274,6 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              cfg.cold_ms, None, statistics.median(native.samples) / med if native else None,
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
-                             detail=f"{len(cfg.samples)} rounds" + _served_text(cfg.served) + _busy_text(cfg.busy)))
+                             detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native) + _served_text(cfg.served)
+                             + _busy_text(cfg.busy)))
     return rows, {"explain": explains, "receipts": {p: r.to_json() for p, r in receipts.items()}}

@@ -1,8 +1,9 @@
 """The linear gate: each linear site's forms measured on its live input, verdicts beside the attention verdicts.
 
-Speed is a property of (form, shape key): a form is timed against the host once per ``M:K:N:dtype`` and every other
-site with that key reuses the timing. Accuracy is a property of the site: every site checks each form that could
-still win on its own live input (cosine and relative L2 against the host's output, the profile's linear floors).
+Each site's forms meet in the plan's ``contest``: speed is a property of (form, shape key), timed against the host
+once per ``M:K:N:dtype`` in the plan's ``TimingBook`` and read by every other site with that key; accuracy is a
+property of the site, checked on its own live input for each form that could still win (cosine and relative L2
+against the host's output, the profile's linear floors).
 The verdicts go into the plan's ``GateChooser.verdicts`` (site = module path, shape key = the linear key), so the
 whole-model check judges attention and linear routes together and reverts the smallest gains first, and receipts
 carry both.
@@ -14,7 +15,8 @@ host, the quantized candidates are dropped; where verdicts differ per shape both
 
 from __future__ import annotations
 
-import logging
+import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -27,14 +29,11 @@ from ..forms.linear import LinearCall, LinearForm, check_linear_form_names
 from ..hosts.linears import ALL_ROLES, TOKEN_ROLES
 from ..router import Decision
 from ..router.linear import LinearRouter
-from .accuracy import compare
+from .book import TimingBook, TimingKey
 from .chooser import GateChooser
-from .memory import measure_memory
+from .contest import Entrant, contest
 from .profiles import Profile
-from .timing import Timing, paired_timing
-from .verdict import LESS_ACCURATE, NOT_ALLOWED, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement, Refusal, Verdict
-
-logger = logging.getLogger("ditgate.gate")
+from .verdict import NOT_ALLOWED, RAISED, UNAVAILABLE, UNSUPPORTED, Refusal, Verdict
 
 
 @dataclass(frozen=True)
@@ -110,8 +109,8 @@ def linear_floors(profile: Profile, setting: LinearSetting) -> LinearFloors:
 
 
 class LinearGateChooser:
-    """The measuring chooser of a plan's linear sites, beside (and sharing the mode and verdicts of) its
-    ``GateChooser``."""
+    """The measuring chooser of a plan's linear sites, beside (and sharing the mode, verdicts, timing book and
+    calibration budget of) its ``GateChooser``."""
 
     def __init__(self, gate: GateChooser, forms: dict[str, LinearForm], setting: LinearSetting,
                  floors: LinearFloors) -> None:
@@ -119,13 +118,15 @@ class LinearGateChooser:
         self.forms = forms
         self.setting = setting
         self.floors = floors
-        self.timings: dict[tuple[str, str], Timing] = {}  # (form, shape key) -> the one timing every site shares
-        self.timed: list[tuple[str, str, str]] = []  # (form, shape key, site) in the order they were timed
+        # the contest judges a linear site by the linear floors; speed threshold and rounds are the profile's
+        self.profile = dataclasses.replace(gate.profile, min_call_cosine=floors.min_cosine,
+                                           max_call_rel_l2=floors.max_rel_l2)
 
     def decide(self, site: LinearRouter, call: LinearCall) -> Decision:
         return self.gate.decide(site, call)  # the same modes and per-(site, shape key) verdicts as attention
 
     def measure(self, site: LinearRouter, call: LinearCall, x: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
         with torch.no_grad():
             weight = site.host_weight(x.device)  # copied to the device once, where the site's host weight is held
             bias = site.module.bias
@@ -134,21 +135,20 @@ class LinearGateChooser:
                 return F.linear(x, weight, bias)
 
             host_out = host()
-            verdict = self._judge(site, call, x, host, host_out)
-        self.gate.verdicts[(site.name, call.shape_key)] = verdict
-        logger.info("ditgate gate: %s @ %s -> %s", site.name, call.shape_key, verdict.summary)
+            if self.gate.budget_spent:
+                verdict = self.gate._after_budget(site.name, call.shape_key)
+            else:
+                verdict = self._judge(site, call, x, host, host_out)
+        self.gate.spent_s += time.perf_counter() - started
+        self.gate.record(verdict)
         if verdict.form is None and site.custody.released_to is not None:
             site.unsettle()  # a live shape the host serves: its weight back on the device
-        if self.gate.progress is not None:
-            self.gate.progress(verdict)
         return host_out
 
-    # --- measuring -----------------------------------------------------------------------------------
     def _judge(self, site: LinearRouter, call: LinearCall, x: torch.Tensor, host: Callable[[], torch.Tensor],
                host_out: torch.Tensor) -> Verdict:
         refusals: list[Refusal] = []
-        measured: list[Measurement] = []
-        winners: list[Measurement] = []
+        entrants: list[Entrant] = []
         for name, form in self.forms.items():
             if self.setting.forms is not None and name not in self.setting.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named linear forms "
@@ -160,54 +160,28 @@ class LinearGateChooser:
                 kind = UNAVAILABLE if blocked.startswith("unavailable") else UNSUPPORTED
                 refusals.append(Refusal(name, kind, blocked))
                 continue
-            m, refusal = self._measure_form(site, call, form, x, host, host_out)
-            if m is not None:
-                measured.append(m)
-            if refusal is not None:
-                refusals.append(refusal)
-            elif m is not None:
-                winners.append(m)
-        chosen = max(winners, key=lambda m: m.ratio, default=None)
-        for m in winners:
-            if m is not chosen:
-                refusals.append(Refusal(m.form, "outranked", f"passed at {m.ratio:.3f}x but {chosen.form} at "
-                                                             f"{chosen.ratio:.3f}x was chosen"))
-        return Verdict(site.name, call.shape_key, chosen.form if chosen else None, "measured", chosen,
-                       tuple(measured), tuple(refusals))
+            try:
+                weights = site.weights_for(name)  # made once per site, kept until it settles
+            except Exception as exc:
+                refusals.append(Refusal(name, RAISED, f"quantizing the weight: {type(exc).__name__}: {exc}"[:300]))
+                continue
 
-    def _measure_form(self, site: LinearRouter, call: LinearCall, form: LinearForm, x: torch.Tensor,
-                      host: Callable[[], torch.Tensor], host_out: torch.Tensor
-                      ) -> tuple[Measurement | None, Refusal | None]:
-        name, p, floors = form.name, self.gate.profile, self.floors
-        try:
-            weights = site.weights_for(name)
-
-            def run() -> torch.Tensor:
+            def run(form=form, weights=weights) -> torch.Tensor:
                 return site.run_form(form, x, weights)
 
-            acc = compare(run(), host_out)
-        except Exception as exc:
-            return None, Refusal(name, RAISED, f"{type(exc).__name__}: {exc}"[:300])
-        rel_ok = floors.max_rel_l2 is None or acc.rel_l2 <= floors.max_rel_l2
-        if not acc.finite or acc.cosine < floors.min_cosine or not rel_ok:
-            limit = f", rel L2 <= {floors.max_rel_l2}" if floors.max_rel_l2 is not None else ""
-            return None, Refusal(name, LESS_ACCURATE, f"cosine {acc.cosine:.6f}, rel L2 {acc.rel_l2:.2e} "
-                                                      f"(floors: cosine >= {floors.min_cosine}{limit})")
-        key = (name, call.shape_key)
-        try:
-            mem = measure_memory(run, x.device, lambda: 0)
-            timing = self.timings.get(key)
-            if timing is None:
-                timing = self.timings[key] = paired_timing(host, run, x.device, p.rounds)
-                self.timed.append((name, call.shape_key, site.name))
-        except Exception as exc:
-            return None, Refusal(name, RAISED, f"{type(exc).__name__}: {exc}"[:300])
-        m = Measurement(name, form.precision.value, timing.ratio, timing.ratio_min, timing.ratio_max, timing.host_ms,
-                        timing.form_ms, acc.cosine, acc.rel_l2, mem.peak_bytes, weights.nbytes)
-        if timing.ratio < p.min_speedup:
-            return m, Refusal(name, SLOWER, f"{timing.ratio:.3f}x [{timing.ratio_min:.3f}-{timing.ratio_max:.3f}] < "
-                                            f"{p.min_speedup}x at {call.shape_key}")
-        return m, None
+            entrants.append(Entrant(name, form.precision.value, TimingKey(name, call.shape_key), run, _same,
+                                    lambda weights=weights: weights.nbytes))
+        book = self.gate.book if self.profile.share_timing else TimingBook()
+        result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book, x.device)
+        if book is not self.gate.book:
+            self.gate.book.timed += book.timed
+        chosen = result.chosen
+        return Verdict(site.name, call.shape_key, chosen.form if chosen else None, "measured", chosen,
+                       result.measured, tuple(refusals) + result.refusals)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def settle_sites(routers: Sequence[LinearRouter], verdicts: dict[tuple[str, str], Verdict]) -> None:
