@@ -52,6 +52,11 @@ def add_bench_parsers(sub) -> None:
                    help="the block-sparse forms the gate may measure (default: all)")
     m.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
     m.add_argument("--dense-layers", type=int, default=0, help="first layers kept dense under --sparse (default 0)")
+    m.add_argument("--linear", action="store_true",
+                   help="beside each row of a bounded profile (balanced, speed; sparse rows too), the same row with the "
+                        "denoiser's linear sites routed (8-bit W8A8 forms, gated per site)")
+    m.add_argument("--linear-forms", nargs="+", default=None, metavar="FORM",
+                   help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear)")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
@@ -153,7 +158,7 @@ def _run_model(args) -> int:
     device, dtype, out = _setup(args)
     preset = get_preset(args.preset)
     try:
-        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static)
+        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static, _linear_setting(args))
         if args.layers is not None:
             if args.weights:
                 raise ValueError("--layers cuts the preset's random-weights model; --weights loads a folder as saved")
@@ -219,6 +224,17 @@ def _run_calibration(args) -> int:
     png = write_plot(stem.with_suffix(".png"), title, runs)
     console.print(f"JSON: {stem.with_suffix('.json')}" + (f"  PNG: {png}" if png else ""))
     return 0
+
+
+def _linear_setting(args):
+    """The linear setting from ``--linear`` / ``--linear-forms``, or None; ValueError on bad values."""
+    from ..gate.linear import LinearSetting
+
+    if not args.linear:
+        if args.linear_forms:
+            raise ValueError("--linear-forms needs --linear")
+        return None
+    return LinearSetting(forms=tuple(args.linear_forms) if args.linear_forms else None)
 
 
 def _sparse_setting(args):
