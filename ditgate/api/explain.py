@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..gate.verdict import NOT_ALLOWED, UNAVAILABLE
-from .report import LinearRecord, PlanReport, SiteRecord
+from .report import LinearRecord, PlanReport
 
 
 def _bytes(n: int) -> str:

@@ -53,7 +53,6 @@ class LinearPart:
                 if site.role in roles:
                     self.routers.append(LinearRouter(self.context, site))
             self._unguard.append(guard_fuse_lora(model, self.quantized_sites))
-        self.context.routers = self.routers
 
     def quantized_sites(self) -> list[str]:
         return [r.name for r in self.routers if r.custody.payload_form is not None or r.candidates]

@@ -219,15 +219,9 @@ class PooledTiles:
     prepared: object  # back to the form as ``AttentionInputs.prepared``
 
 
-class Form:
-    """One executable attention implementation.
-
-    Subclasses set ``spec``, implement ``_probe`` (import and hardware checks, run once per form
-    instance) and ``run``. Instances are made per ``Plan`` (see ``registry.create_forms``) so that any
-    compiled callable or workspace a form holds lives and dies with that plan.
-    """
-
-    spec: FormSpec
+class Probed:
+    """What every form, attention or linear, declares: a ``spec`` (with ``name`` and ``precision``) and an
+    availability probe (``_probe``: import and hardware checks), run once per instance, that never raises."""
 
     def __init__(self) -> None:
         self._availability: Availability | None = None
@@ -250,6 +244,17 @@ class Form:
 
     def _probe(self) -> Availability:
         raise NotImplementedError
+
+
+class Form(Probed):
+    """One executable attention implementation.
+
+    Subclasses set ``spec``, implement ``_probe`` (import and hardware checks, run once per form
+    instance) and ``run``. Instances are made per ``Plan`` (see ``registry.create_forms``) so that any
+    compiled callable or workspace a form holds lives and dies with that plan.
+    """
+
+    spec: FormSpec
 
     def not_supported_reasons(self, call: AttentionCall) -> list[str]:
         avail = self.availability()

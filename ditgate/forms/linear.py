@@ -17,11 +17,12 @@ products directly rather than depend on torchao.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .base import Availability, Precision
+from .base import Availability, Precision, Probed
 
 # The largest finite values of the two 8-bit formats, the ends of the symmetric scales.
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
@@ -136,36 +137,15 @@ def quantize_int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(t.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
-class LinearForm:
+class LinearForm(Probed):
     """One executable implementation of ``F.linear`` for a site's calls, with the weight it keeps in the host's place.
 
     Instances are made per plan (``create_linear_forms``); a form holds nothing per site itself: the router keeps
-    each site's ``QuantizedWeight``.
+    each site's ``QuantizedWeight``. ``quantizer`` turns a [rows, K] tensor into row-wise 8-bit values and scales.
     """
 
     spec: LinearSpec
-
-    def __init__(self) -> None:
-        self._availability: Availability | None = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def precision(self) -> Precision:
-        return self.spec.precision
-
-    def availability(self) -> Availability:
-        if self._availability is None:
-            try:
-                self._availability = self._probe()
-            except Exception as exc:  # a probe must never take the process down
-                self._availability = Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
-        return self._availability
-
-    def _probe(self) -> Availability:
-        raise NotImplementedError
+    quantizer: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
     def not_supported_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
         avail = self.availability()
@@ -179,7 +159,8 @@ class LinearForm:
 
     def quantize(self, weight: torch.Tensor) -> QuantizedWeight:
         """The weight this form keeps for a site (from the host's [N, K] weight, on the weight's device)."""
-        raise NotImplementedError
+        data, scale = self.quantizer(weight.detach())
+        return QuantizedWeight(data.contiguous(), scale.reshape(1, -1).contiguous())
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """``x`` [M, K] in the host's dtype -> [M, N] in that dtype, ``bias`` added."""
@@ -215,13 +196,10 @@ class Fp8RowwiseLinear(LinearForm):
         error_bound="each operand element within 2^-4 of its value (relative) or 2^-10 of its row's scale (absolute); "
                     "the product summed in float32",
     )
+    quantizer = staticmethod(quantize_fp8)
 
     def _probe(self) -> Availability:
         return _probe_op("_scaled_mm")
-
-    def quantize(self, weight: torch.Tensor) -> QuantizedWeight:
-        data, scale = quantize_fp8(weight.detach())
-        return QuantizedWeight(data.contiguous(), scale.reshape(1, -1).contiguous())
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         xq, xs = quantize_fp8(x)
@@ -255,6 +233,7 @@ class Int8DynamicLinear(LinearForm):
         package="torch",
         error_bound="each operand element within half its row's scale (absmax / 254); the int32 product exact",
     )
+    quantizer = staticmethod(quantize_int8)
 
     def _probe(self) -> Availability:
         return _probe_op("_int_mm")
@@ -263,10 +242,6 @@ class Int8DynamicLinear(LinearForm):
         if rows_known and call.device_type == "cuda" and call.rows <= 16:
             return [f"{call.rows} rows per call: torch._int_mm on CUDA needs more than 16"]
         return []
-
-    def quantize(self, weight: torch.Tensor) -> QuantizedWeight:
-        data, scale = quantize_int8(weight.detach())
-        return QuantizedWeight(data.contiguous(), scale.reshape(1, -1).contiguous())
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         xq, xs = quantize_int8(x)

@@ -14,7 +14,7 @@ which the compiler guards on, and the served path is torch ops alone.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -45,7 +45,6 @@ class LinearContext:
     chooser: LinearChooser
     route: RouterContext
     keep_host: str = "cpu"
-    routers: list[LinearRouter] = field(default_factory=list)
 
 
 def _compiling() -> bool:
