@@ -127,3 +127,23 @@ def test_the_quality_profile_never_quantizes_a_linear():
         ditgate.attach(tiny.model, forms=["sdpa_math", "fp8"], linear=True)  # named attention forms widen precision
     plan = ditgate.attach(tiny.model, measure=False)  # nothing was left attached by the refusals
     plan.detach()
+
+
+def test_while_calibrating_a_site_keeps_only_the_weights_of_the_form_it_chose():
+    tiny = Tiny("tiny-wan")
+    kept, holder = {}, {}
+
+    def capture(module, args, output):  # registered first: runs before the plan settles the sites
+        kept.update({r.name: set(r.candidates) for r in holder["plan"].linear.routers})
+
+    hook = tiny.model.register_forward_hook(capture)
+    plan = holder["plan"] = _attach(tiny, linear=True)
+    tiny.forward()
+    hook.remove()
+    chosen = defaultdict(set)
+    for v in _linear_verdicts(plan):  # what each verdict chose before the whole-model check (which may revert it)
+        chosen[v.site].add(v.chosen.form if v.chosen else None)
+    assert kept and all(kept[name] == chosen[name] - {None} for name in kept)
+    assert any(kept.values())
+    assert all(not r.candidates for r in plan.linear.routers)  # settled: in the module, or dropped
+    plan.detach()

@@ -141,6 +141,9 @@ class LinearGateChooser:
                 verdict = self._judge(site, call, x, host, host_out)
         self.gate.spent_s += time.perf_counter() - started
         self.gate.record(verdict)
+        # only the forms this site's verdicts chose keep their 8-bit weights until it settles: a model's every form
+        # at every site at once would hold as much again as its 16-bit weights
+        site.keep_candidates({v.form for (name, _), v in self.gate.verdicts.items() if name == site.name})
         if verdict.form is None and site.custody.released_to is not None:
             site.unsettle()  # a live shape the host serves: its weight back on the device
         return host_out

@@ -87,6 +87,11 @@ class LinearRouter:
             self.custody.release_host(self.context.keep_host)
         self.candidates.clear()
 
+    def keep_candidates(self, forms: set[str | None]) -> None:
+        """Drop the weights made while measuring for every form but ``forms``."""
+        for name in [n for n in self.candidates if n not in forms]:
+            del self.candidates[name]
+
     def unsettle(self) -> None:
         """The host's weight back on the device (a live shape the host serves at a quantized site)."""
         self.custody.bring_back_host()
