@@ -133,6 +133,10 @@ class FormSpec:
     equal_head_dims: bool = True  # value head dim must equal query head dim
     package: str | None = None  # the distribution whose version a receipt records
     error_bound: str | None = None  # for bounded forms: the declared envelope of the error
+    # compiles a kernel for every new shape on its first call (seconds each): the gate measures it only where the
+    # caller names it, so that calibration does not pay a compile per shape key for a form that has not won on
+    # the GPUs measured (compiled flex trails cuDNN and flash-attn-4 at every shape of DESIGN.md's anchors)
+    compiles_per_shape: bool = False
 
     @property
     def takes_selection(self) -> bool:
