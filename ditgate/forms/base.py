@@ -282,6 +282,16 @@ class Form:
         """Compute attention; returns B, H, Sq, Dv in the query's dtype."""
         raise NotImplementedError
 
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention (as ``run``) and each query row's log-sum-exp of its scaled scores (B, H, Sq; float32): what a
+        caller that merges partial results over chunks of the keys needs (diffusers' ring attention). A form whose
+        kernel does not give it keeps this default, and ``returns_lse`` says so."""
+        raise NotImplementedError(f"{self.name} returns no log-sum-exp")
+
+    @property
+    def returns_lse(self) -> bool:
+        return type(self).run_lse is not Form.run_lse
+
     def resident_bytes(self) -> int:
         """Device memory this form holds between calls (workspaces, quantized copies)."""
         return 0

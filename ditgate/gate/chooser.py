@@ -54,6 +54,7 @@ class GateChooser:
         self.book = book if book is not None else TimingBook()
         self.budget_s = budget_s
         self.spent_s = 0.0  # seconds spent measuring so far (what the budget caps)
+        self.agreement = None  # a context-parallel model's ranks settle on one verdict (``agree.RankAgreement``)
 
     # --- candidates --------------------------------------------------------------------------------
     def candidates(self) -> list[str]:
@@ -95,6 +96,8 @@ class GateChooser:
             else:
                 verdict = self._measure_site(site, call, inputs, host, to_host, host_out)
         self.spent_s += time.perf_counter() - started
+        if self.agreement is not None:
+            verdict = self.agreement.verdict(site.module_path, verdict)
         self.record(verdict)
         return host_out
 
