@@ -38,7 +38,8 @@ def preset_named(name: str) -> ModelPreset:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch.distributed.run --nproc-per-node N -m ditgate.cli.bench_parallel",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default=WAN_14B_720P.name, choices=sorted([*PRESETS, WAN_14B_720P.name]))
+    p.add_argument("--preset", default=WAN_14B_720P.name, choices=sorted([*PRESETS, WAN_14B_720P.name]),
+                   metavar="PRESET", help=f"a bench model preset, or {WAN_14B_720P.name} (the default)")
     p.add_argument("--layers", type=int, default=8, metavar="N",
                    help="cut each stack of blocks to its first N (default 8; 0 keeps them all)")
     p.add_argument("--ulysses", type=int, default=None, help="Ulysses degree (default: the world size)")
