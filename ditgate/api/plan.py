@@ -35,6 +35,7 @@ from ..gate import (
     resolve_profile,
     whole_model_check,
 )
+from ..gate.agree import RankAgreement
 from ..gate.book import TimingBook
 from ..gate.cache import TimingCache
 from ..gate.chooser import CALIBRATING, LIVE
@@ -42,6 +43,7 @@ from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linea
 from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
 from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
+from ..hosts.parallel import parallel_records
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..router.linear import StaticLinearChooser
 from ..sparse.padding import PaddingKeys
@@ -296,7 +298,7 @@ class Plan:
             raise RuntimeError("a plan made with measure=False has no verdicts; use plan.report().save(path)")
         return Receipt(environment=environment(self.device), models=_models_info(self.denoisers),
                        profile=self.profile, verdicts=tuple(self.chooser.verdicts.values()),
-                       whole_model=tuple(self._whole), created=now())
+                       whole_model=tuple(self._whole), created=now(), parallel=parallel_records(self.denoisers))
 
     def save(self, path: str | Path) -> Path:
         """Write the receipt (environment, profile, every verdict, content hash) to ``path``."""
@@ -405,7 +407,8 @@ def attach(
     loaded: Receipt | None = None
     if receipt is not None:
         loaded = receipt if isinstance(receipt, Receipt) else load_receipt(receipt)
-        diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers))
+        diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers),
+                                         parallel_records(denoisers))
         if diffs and on_mismatch == "refuse":
             raise ReceiptMismatchError(diffs)
         if diffs:
@@ -436,6 +439,7 @@ def attach(
     chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape,
                           sparse_forms=sparse.forms if sparse is not None else (),
                           book=TimingBook(cache, environment(device)), budget_s=calibration_budget_s)
+    chooser.agreement = RankAgreement(denoisers)
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
                 tuple(chooser.candidates()), on_route, progress)
     plan._install()

@@ -211,6 +211,10 @@ def _run_calibration(args) -> int:
         table.add_row(r.row, f"{r.seconds:.2f}", f"{r.forwards:.1f}", str(r.sites), str(r.timings), str(r.cache_hits),
                       str(r.whole_forwards))
     console.print(table)
+    for r in runs:
+        if r.first_call_s:
+            console.print(f"{r.row}: first calls (compiles, loads) " + ", ".join(
+                f"{form} {sec:.2f} s" for form, sec in sorted(r.first_call_s.items(), key=lambda kv: -kv[1])))
     for comp in comparisons:
         differ = [s for s in comp["sites"] if s["per_site"] != s["shared"]]
         console.print(f"{comp['row']}: the per-site and the shared gate chose the same form at "

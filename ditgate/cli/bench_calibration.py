@@ -47,6 +47,7 @@ class CalibrationRun:
     cache_hits: int
     whole_forwards: int
     routes: dict  # "site @ shape key" -> the form chosen, or "host"
+    first_call_s: dict = dataclasses.field(default_factory=dict)  # form -> seconds its first calls took (compiles)
 
 
 def _sync(device: torch.device) -> None:
@@ -79,9 +80,14 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
     book = plan.chooser.book
     routes = {f"{v.site} @ {v.shape_key}": v.form or "host" for v in plan.chooser.verdicts.values()}
     whole = sum(w.forwards for w in plan.report().whole_model)
+    first: dict[str, float] = {}
+    for v in plan.chooser.verdicts.values():
+        for m in v.measured:
+            if m.timed_at == v.site and not m.from_cache:  # where its first call at this key happened
+                first[m.form] = first.get(m.form, 0.0) + m.first_ms / 1e3
     plan.detach()
     return CalibrationRun(row, seconds, seconds * 1e3 / stock_ms, stock_ms, len(routes), book.timed, book.cache_hits,
-                          whole, routes)
+                          whole, routes, first)
 
 
 def _setting(budget: float | None, block: int) -> SparseSetting | None:

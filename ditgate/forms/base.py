@@ -133,6 +133,10 @@ class FormSpec:
     equal_head_dims: bool = True  # value head dim must equal query head dim
     package: str | None = None  # the distribution whose version a receipt records
     error_bound: str | None = None  # for bounded forms: the declared envelope of the error
+    # compiles a kernel for every new shape on its first call (seconds each): the gate measures it only where the
+    # caller names it, so that calibration does not pay a compile per shape key for a form that has not won on
+    # the GPUs measured (compiled flex trails cuDNN and flash-attn-4 at every shape of DESIGN.md's anchors)
+    compiles_per_shape: bool = False
 
     @property
     def takes_selection(self) -> bool:
@@ -282,6 +286,16 @@ class Form(Probed):
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
         """Compute attention; returns B, H, Sq, Dv in the query's dtype."""
         raise NotImplementedError
+
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention (as ``run``) and each query row's log-sum-exp of its scaled scores (B, H, Sq; float32): what a
+        caller that merges partial results over chunks of the keys needs (diffusers' ring attention). A form whose
+        kernel does not give it keeps this default, and ``returns_lse`` says so."""
+        raise NotImplementedError(f"{self.name} returns no log-sum-exp")
+
+    @property
+    def returns_lse(self) -> bool:
+        return type(self).run_lse is not Form.run_lse
 
     def resident_bytes(self) -> int:
         """Device memory this form holds between calls (workspaces, quantized copies)."""

@@ -127,6 +127,15 @@ class FlashAttn3(_FlashAttn3Base):
         q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
         return self._attend(q, k, v, inputs.scale, inputs.is_causal).transpose(1, 2)
 
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel's own log-sum-exp ([B, H, Sq] float32) beside the output (eager calls only: the ring path
+        that asks for it runs outside compiled graphs)."""
+        q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        out, lse = torch.ops.fa3_fwd.fwd(q, k, v, softmax_scale=inputs.scale, is_causal=inputs.is_causal,
+                                         num_splits=1)[:2]
+        return out.transpose(1, 2), lse
+
 
 class FlashAttn3Fp8(_FlashAttn3Base):
     spec = FormSpec(

@@ -47,17 +47,18 @@ class BookTiming:
     peak_bytes: int = 0  # memory is a property of the shape too: measured with the paired rounds
     resident_bytes: int = 0
     site: str = ""  # the site it was timed at
+    first_ms: float = 0.0  # the form's first call at this key (compiles, loads, autotuning): what warming it cost
     from_cache: bool = False
 
     @classmethod
-    def paired(cls, timing: Timing, peak_bytes: int, resident_bytes: int, site: str) -> BookTiming:
+    def paired(cls, timing: Timing, peak_bytes: int, resident_bytes: int, site: str, first_ms: float) -> BookTiming:
         return cls(timing.ratio, timing.ratio_min, timing.ratio_max, timing.host_ms, timing.form_ms, False,
-                   timing.rounds, peak_bytes, resident_bytes, site)
+                   timing.rounds, peak_bytes, resident_bytes, site, first_ms)
 
     @classmethod
-    def screening(cls, host_ms: float, form_ms: float, site: str) -> BookTiming:
+    def screening(cls, host_ms: float, form_ms: float, site: str, first_ms: float) -> BookTiming:
         ratio = host_ms / max(form_ms, 1e-9)
-        return cls(ratio, ratio, ratio, host_ms, form_ms, True, 1, site=site)
+        return cls(ratio, ratio, ratio, host_ms, form_ms, True, 1, site=site, first_ms=first_ms)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

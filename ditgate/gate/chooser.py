@@ -54,6 +54,7 @@ class GateChooser:
         self.book = book if book is not None else TimingBook()
         self.budget_s = budget_s
         self.spent_s = 0.0  # seconds spent measuring so far (what the budget caps)
+        self.agreement = None  # a context-parallel model's ranks settle on one verdict (``agree.RankAgreement``)
 
     # --- candidates --------------------------------------------------------------------------------
     def candidates(self) -> list[str]:
@@ -61,8 +62,10 @@ class GateChooser:
         p = self.profile
         if p.forms is not None:
             names = p.forms
-        else:  # block-sparse forms only where a sparse setting (or the caller, by name) asks for them
-            names = tuple(n for n in self.forms if n not in SPARSE_PRIORITY or n in self.sparse_forms)
+        else:  # block-sparse forms only where a sparse setting (or the caller, by name) asks for them; forms that
+            # compile per shape only where named
+            names = tuple(n for n in self.forms if (n not in SPARSE_PRIORITY or n in self.sparse_forms)
+                          and (not self.forms[n].spec.compiles_per_shape or n in self.sparse_forms))
         keep = [n for n in names if n in self.forms and self.forms[n].precision in p.precisions]
         exact = [n for n in keep if self.forms[n].precision is Precision.EXACT]
         bounded = [n for n in keep if self.forms[n].precision is Precision.BOUNDED]
@@ -93,6 +96,8 @@ class GateChooser:
             else:
                 verdict = self._measure_site(site, call, inputs, host, to_host, host_out)
         self.spent_s += time.perf_counter() - started
+        if self.agreement is not None:
+            verdict = self.agreement.verdict(site.module_path, verdict)
         self.record(verdict)
         return host_out
 
@@ -128,6 +133,9 @@ class GateChooser:
                 continue
             if p.forms is None and name in SPARSE_PRIORITY and name not in self.sparse_forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, "block-sparse form: only with attach(..., sparse=...)"))
+            elif p.forms is None and form.spec.compiles_per_shape:
+                refusals.append(Refusal(name, NOT_ALLOWED, "compiles a kernel per shape (seconds each); measured only "
+                                                           "when named: attach(..., forms=[...])"))
             elif p.forms is not None and name not in p.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named forms {list(p.forms)}"))
             else:

@@ -21,6 +21,7 @@ profile with ``share_timing=False`` gives each site a private book: that is the 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from .accuracy import Accuracy, compare
 from .book import BookTiming, TimingBook, TimingKey
 from .memory import measure_memory
 from .profiles import Profile
-from .timing import paired_timing, reps_for, time_once
+from .timing import paired_timing, reps_for, sync, time_once
 from .verdict import LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, Measurement, Refusal
 
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
@@ -61,7 +62,7 @@ def _measurement(e: Entrant, t: BookTiming, acc: Accuracy | None) -> Measurement
     return Measurement(e.name, e.precision, t.ratio, t.ratio_min, t.ratio_max, t.host_ms, t.form_ms,
                        acc.cosine if acc else math.nan, acc.rel_l2 if acc else math.nan, t.peak_bytes,
                        t.resident_bytes, rounds=t.rounds, screened=t.screened, timed_at=t.site,
-                       from_cache=t.from_cache)
+                       from_cache=t.from_cache, first_ms=t.first_ms)
 
 
 def pick(winners: list[Measurement], min_speedup: float) -> Measurement | None:
@@ -83,6 +84,7 @@ class _Contest:
         self.margin = profile.screen_margin if profile.screen_margin else math.inf
         self.live = list(entrants)
         self.accuracy: dict[str, Accuracy] = {}
+        self.first_ms: dict[str, float] = {}
         self.refusals: list[Refusal] = []
         self.measured: list[Measurement] = []
         self._host_ms: float | None = None
@@ -95,8 +97,12 @@ class _Contest:
 
     def check_accuracy(self, e: Entrant) -> None:
         """One call on this site's input: the warm-up where nothing ran yet, and this site's accuracy sample."""
+        started = time.perf_counter()
         try:
             out = e.run()
+            if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs
+                sync(self.device)
+                self.first_ms[e.name] = (time.perf_counter() - started) * 1e3
             acc = compare(e.to_host(out), self.host_out)
             del out
         except Exception as exc:  # never fail the call: the host's output is already made
@@ -124,7 +130,7 @@ class _Contest:
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
             return
-        self.book.put(e.key, BookTiming.screening(self._host_ms, form_ms, self.site))
+        self.book.put(e.key, BookTiming.screening(self._host_ms, form_ms, self.site, self.first_ms.get(e.name, 0.0)))
 
     def pair(self, e: Entrant) -> None:
         try:
@@ -133,7 +139,9 @@ class _Contest:
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
             return
-        self.book.put(e.key, BookTiming.paired(timing, mem.peak_bytes, mem.resident_bytes, self.site))
+        known = self.book.get(e.key)
+        first = self.first_ms.get(e.name, known.first_ms if known is not None else 0.0)
+        self.book.put(e.key, BookTiming.paired(timing, mem.peak_bytes, mem.resident_bytes, self.site, first))
 
     def slower_text(self, e: Entrant, t: BookTiming) -> str:
         m = _measurement(e, t, None)

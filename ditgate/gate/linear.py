@@ -140,6 +140,8 @@ class LinearGateChooser:
             else:
                 verdict = self._judge(site, call, x, host, host_out)
         self.gate.spent_s += time.perf_counter() - started
+        if self.gate.agreement is not None:  # a context-parallel denoiser's ranks settle on one verdict
+            verdict = self.gate.agreement.verdict(site.name, verdict)
         self.gate.record(verdict)
         # only the forms this site's verdicts chose keep their 8-bit weights until it settles: a model's every form
         # at every site at once would hold as much again as its 16-bit weights

@@ -50,6 +50,7 @@ class Measurement:
     screened: bool = False
     timed_at: str = ""
     from_cache: bool = False
+    first_ms: float = 0.0  # its first call at this shape key (compiles, loads): what warming it up cost, once
 
     def timing_text(self, here: str) -> str:
         kind = "screening timing" if self.screened else f"{self.rounds} paired rounds"

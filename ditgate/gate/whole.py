@@ -31,6 +31,8 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
                       device: torch.device) -> WholeModelCheck:
     p = chooser.profile
     forwards = 0
+    # the ranks of a context-parallel model take each branch together: a forward on one rank only would hang them
+    agree = chooser.agreement.flags if chooser.agreement is not None else lambda _, flag: [flag]
 
     def mine():
         return [v for v in chooser.routed() if not prefix or v.site.startswith(prefix)]
@@ -62,12 +64,13 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
             routes = mine()
             floors_ok = acc.finite and acc.cosine >= p.min_output_cosine and (
                 p.min_output_psnr is None or acc.psnr_db >= p.min_output_psnr)
-            if floors_ok and routes and ratio < p.min_whole_ratio:  # one pair is noisy: confirm before reverting
+            # one pair is noisy: confirm before reverting (on every rank of a context-parallel model, if on any)
+            if any(agree(name, floors_ok and bool(routes) and ratio < p.min_whole_ratio)):
                 timing = paired_timing(lambda: run(HOST_PASS), lambda: run(ROUTED_PASS), device, p.whole_rounds,
                                        target_ms=0.0)
                 ratio, lo, hi, h_ms, r_ms = timing.ratio, timing.ratio_min, timing.ratio_max, timing.host_ms, \
                     timing.form_ms
-            passed = floors_ok and (ratio >= p.min_whole_ratio or not routes)
+            passed = all(agree(name, floors_ok and (ratio >= p.min_whole_ratio or not routes)))
             if passed or not routes:
                 if not routes:
                     note = (f"every route reverted ({why})" if reverted
