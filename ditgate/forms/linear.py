@@ -17,6 +17,8 @@ products directly rather than depend on torchao.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -137,6 +139,25 @@ def quantize_int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(t.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
+def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's [M, K] input, row-wise: in one Triton launch on a GPU (``kernels.rowwise_quant``: the eager ops
+    above move about ten times the bytes), the same numerics through torch ops elsewhere and inside a compiled
+    graph (where inductor fuses them into one kernel of its own)."""
+    if x.device.type == "cuda" and not torch.compiler.is_compiling() and _fused_quantizer() is not None:
+        return _fused_quantizer()(x, fp8)
+    return quantize_fp8(x) if fp8 else quantize_int8(x)
+
+
+@functools.cache
+def _fused_quantizer():
+    """``kernels.rowwise_quant.quantize_rows``, or None where Triton cannot be imported (loaded once, read-only)."""
+    try:
+        from ..kernels.rowwise_quant import quantize_rows
+    except Exception:  # no Triton: the torch ops serve
+        return None
+    return quantize_rows
+
+
 class LinearForm(Probed):
     """One executable implementation of ``F.linear`` for a site's calls, with the weight it keeps in the host's place.
 
@@ -202,7 +223,7 @@ class Fp8RowwiseLinear(LinearForm):
         return _probe_op("_scaled_mm")
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        xq, xs = quantize_fp8(x)
+        xq, xs = quantize_activation(x, fp8=True)
         out_dtype = torch.bfloat16 if x.device.type == "cuda" and x.dtype != torch.bfloat16 else x.dtype
         fused_bias = bias if bias is not None and bias.dtype == out_dtype else None
         out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
@@ -244,7 +265,7 @@ class Int8DynamicLinear(LinearForm):
         return []
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        xq, xs = quantize_int8(x)
+        xq, xs = quantize_activation(x, fp8=False)
         out = (torch._int_mm(xq, weight.data.t()).float() * xs * weight.scale).to(x.dtype)
         return out if bias is None else out + bias
 

@@ -112,7 +112,8 @@ def _on_e4m3_grid(y):
     away 1.5 * 2**23 times the e4m3 step at y's binade (2**-9 below the normal range) leaves y a multiple of it."""
     step = tl.maximum(((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 130, -9)
     c = (((step + 150) << 23) | (1 << 22)).to(tl.float32, bitcast=True)
-    return (y + c) - c
+    r = (y + c) - c
+    return tl.where(r == 0, y * 0.0, r)  # a value that rounds to zero keeps its sign, as the cast's -0
 
 
 @triton.jit
