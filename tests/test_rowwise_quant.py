@@ -27,7 +27,7 @@ def test_the_kernel_gives_the_torch_paths_bits(dtype, fp8):
         bound = torch.maximum(x.float().abs() / 16, scales * 2.0 ** -10)
     else:  # int8: half a step of the row's scale
         bound = scales / 2
-    assert torch.all(err <= bound * (1 + 1e-6))
+    assert torch.all(err <= bound * (1 + 1e-5))  # x / scale is rounded to float32 before it is rounded again
 
 
 def test_int8_ties_round_to_even():
