@@ -118,7 +118,7 @@ def compiled_for_hopper(fn, args: tuple, kwargs: dict):
     return triton.compile(source, target=target, options=options.__dict__)
 
 
-def _tool(name: str) -> str:
+def nvidia_tool(name: str) -> str:
     import triton
 
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
@@ -129,9 +129,9 @@ def _machine_code(compiled, tmp: str) -> dict:
     cubin = os.path.join(tmp, "kernel.cubin")
     with open(cubin, "wb") as f:
         f.write(compiled.asm["cubin"])
-    sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
+    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
                           check=True).stdout
-    usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True,
+    usage = subprocess.run([nvidia_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True,
                            check=True).stdout
     return {"kernel": compiled.name, "sass": sass, "ptx": _without_debug(compiled.asm["ptx"]),
             "resources": " ".join(re.findall(r"\b(?:REG|STACK|LOCAL):\d+", usage)
