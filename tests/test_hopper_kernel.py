@@ -439,36 +439,6 @@ def test_a_tree_of_maxima_changes_no_bit(qk):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("qk", ["fp8", "int8"])
-@pytest.mark.parametrize("D", [64, 128])
-def test_k_and_v_quantized_on_a_second_stream_give_the_same_bits(qk, D):
-    """``quantize``'s kv_stream: K and V quantized on another stream, the copies waited for by the launch that reads
-    them (``Quantized.ready``), dense and over lists; the same copies and outputs as on one stream, call after call
-    (the second call's copies overwrite the first's buffers while nothing waits on the host)."""
-    side = torch.cuda.Stream()
-    pool = {}
-
-    def buffers(shape, dtype, name):
-        return pool.setdefault((name, shape, dtype), torch.empty(shape, dtype=dtype, device="cuda"))
-
-    for seed in (43, 47):
-        q, k, v = _qkv(1, 4, 4, 1000, 1000, D, seed=seed)
-        one = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, sums=True)
-        expected = ha.hopper_attention(q, k, v, qk=qk, prepared=one)
-        two = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, buffers, sums=True, kv_stream=side)
-        assert one.kv_done is None and two.kv_done is not None
-        assert torch.equal(ha.hopper_attention(q, k, v, qk=qk, prepared=two, buffers=buffers), expected)
-        assert torch.equal(two.k.view(torch.uint8), one.k.view(torch.uint8)) and torch.equal(two.k_scale, one.k_scale)
-        assert torch.equal(two.vt.view(torch.uint8), one.vt.view(torch.uint8))
-    count = torch.full((1, 4, 8), 3, dtype=torch.int32, device="cuda")
-    index = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda").expand(1, 4, 8, 3).contiguous()
-    two = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, buffers, sums=True, kv_stream=side)
-    listed = ha.hopper_attention(q, k, v, qk=qk, prepared=two, buffers=buffers, kv_index=index, kv_count=count)
-    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count))
-
-
-@gpu
-@pytest.mark.gpu
 @pytest.mark.parametrize("D, groups", [(64, 2), (64, 3), (128, 2)])
 def test_int8_row_max_over_the_integers_changes_no_bit(D, groups):
     """The integers' max times the step's scale is the floats' max minus the offset, exactly (both under 2^22), so

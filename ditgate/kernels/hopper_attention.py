@@ -207,12 +207,10 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
 
 
 def quantize_for_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, scale: float, buffers=None,
-                          sums: bool = False, kv_stream: torch.cuda.Stream | None = None) -> Quantized:
+                          sums: bool = False) -> Quantized:
     """The quantized copies this schedule reads: Q scales per 64 rows (one per consumer warpgroup), K per
-    128 keys, V in P's key order; ``sums``: Q's column sums too; ``kv_stream``: K and V quantized there
-    (``quantize``)."""
-    return quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers, permute_v=True, sums=sums,
-                    kv_stream=kv_stream)
+    128 keys, V in P's key order; ``sums``: Q's column sums too (``quantize``)."""
+    return quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers, permute_v=True, sums=sums)
 
 
 def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",

@@ -4,15 +4,15 @@
 
 Every kernel launch the forms make with their default options (the Hopper schedule for each mode, head dim and
 list height it serves, with the quantization passes before it; the Triton schedule, dense and over 128-row lists,
-with its passes; the selector's pooling) is recorded on CPU tensors, specialized by Triton's own binder for an sm_90
-target as a launch on a Hopper GPU would be, and compiled with Triton's ptxas: once from REF's kernels, once from
-the working tree's. Each launch's SASS, its PTX without debug lines, and its registers, stack and shared memory are
+with its passes; the selector's pooling and choice) is recorded on CPU tensors, specialized by Triton's own binder
+for an sm_90 target as a launch on a Hopper GPU would be, and compiled with Triton's ptxas: once from REF's
+kernels, once from the working tree's. Each launch's SASS, its PTX without debug lines, and its registers, stack and shared memory are
 compared. Identical code is what a refactor of the kernels must show without a GPU; any difference is listed.
 
 Each side runs in a child process (no ``TRITON_INTERPRET``) whose working directory is that side's checkout, with
 this file copied into REF's, so only entry points both sides have are used (``hopper_compile.host_launch``,
 ``hopper_attention.quantize_for_schedule``, ``quant_attention.quantize`` / ``quant_attention`` /
-``default_config``, ``tile_select.pool_tiles``).
+``default_config``, ``tile_select.pool_tiles`` / ``choose_and_list``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,14 @@ def _default_calls():
                 calls.append((f"triton {qk} d{d} {'lists' if sparse else 'dense'}", triton_schedule))
     for d in (64, 128):
         for rows in (128, 192):
-            calls.append((f"pooling d{d} {rows} rows", lambda d=d, rows=rows: tile_select.pool_tiles(_inputs(d)[0], rows)))
+            calls.append((f"pooling d{d} {rows} rows",
+                          lambda d=d, rows=rows: tile_select.pool_tiles(_inputs(d)[0], rows)))
+    for n_m, n in ((8, 8), (144, 216)):  # the selector's choice: a short head's tiles, and LTX's
+        def choose(n_m=n_m, n=n):
+            tiles = torch.zeros(n_m, n, dtype=torch.int8)
+            tile_select.choose_and_list(torch.empty(1, HEADS, n_m, n), tiles, torch.empty(n_m, n), tiles, 3, n)
+
+        calls.append((f"selection {n_m} x {n} tiles", choose))
     return calls
 
 
