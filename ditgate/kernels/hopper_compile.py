@@ -2,15 +2,15 @@
 
 Gluon has no CPU interpreter, so this is what a machine without a Hopper GPU can check: that every mode
 and head dim compiles (Triton ships its own ptxas), how many registers and how much shared memory it
-takes, and whether anything spills; and, with ``--loops``, where ptxas put the waits for the tensor-core
-products against the exp2s in each overlapped schedule's loop. Run it in a process without
+takes, whether anything spills, and how wide the output's stores are. Run it in a process without
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
     python -m ditgate.kernels.hopper_compile [--pin | --tree-max | --int-max | --lazy]
 
 With an option, the steady-state step of the variants where that option matters, compiled with it off and on
-(``LoopShape``): what the option changes in the machine code. ``python -m ditgate.kernels.same_code REF`` compares
+(``LoopShape``: its length, where ptxas put the waits for the tensor-core products against the exp2s): what the
+option changes in the machine code. ``python -m ditgate.kernels.same_code REF`` compares
 the code of every default launch against another commit's.
 """
 
