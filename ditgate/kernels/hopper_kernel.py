@@ -302,12 +302,15 @@ def _hopper_attn_kernel(q_desc, k_desc, v_desc, ones_desc, O, QS, KS, VS, KV_IND
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
     sums = gl.allocate_shared_memory(gl.float32, [GROUPS, HALF], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # PIN
     if QUANT:
         ones_smem = gl.allocate_shared_memory(ones_desc.dtype, [8, BLOCK_K], ones_desc.layout)
     else:
         ones_smem = sums  # not read
     mbarrier.init(q_ready, count=1)
+    for g in gl.static_range(GROUPS):
+        mbarrier.init(turn.index(g), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=GROUPS)  # every consumer releases a stage
