@@ -8,3 +8,12 @@ import torch
 # module is first imported, so it is set before any test imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_timing_cache(tmp_path, monkeypatch):
+    """Each test gets its own timing cache folder: nothing is written to the user's ~/.cache, and no test reads
+    timings another test measured (test forms reuse names with other behaviours)."""
+    monkeypatch.setenv("DITGATE_CACHE_DIR", str(tmp_path / "ditgate-cache"))

@@ -95,7 +95,7 @@ def routed_processor(
     """A clone of ``processor`` whose attention calls go to ``entries``.
 
     The clone is an instance of a fresh subclass of the processor's class (so ``isinstance`` checks
-    and class attributes still hold), sharing the original's instance attributes. Its ``__call__``
+    and class attributes still hold), sharing the original's instance attribute dict. Its ``__call__``
     keeps the original signature (diffusers filters keyword arguments by it).
     """
     fn = _call_function(processor)
@@ -115,7 +115,9 @@ def routed_processor(
     cls = type(processor)
     routed_cls = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_ditgate_routed": True})
     clone = object.__new__(routed_cls)
-    clone.__dict__.update(processor.__dict__)
+    # one attribute dict for both: what is set on the clone while attached (``enable_parallelism``'s
+    # ``_parallel_config``, ``set_attention_backend``'s backend) is the original's after detach too
+    clone.__dict__ = processor.__dict__
     return clone
 
 

@@ -13,6 +13,7 @@ import torch
 
 from ..forms import AttentionInputs
 from ..hosts import AttentionModule, Convention, original_entry
+from .parallel import ParallelServing
 from .site import RouterContext, SiteRouter
 
 
@@ -32,6 +33,7 @@ class ModuleRouter:
         self.conventions = conventions
         self.originals = {c: original_entry(processor, c) for c in conventions}
         self.sites: dict[int, SiteRouter] = {}
+        self.parallel = ParallelServing(self.originals.get(Convention.DISPATCH))  # calls under context parallelism
         self._index = 0
         # The site of the first call exists from the start, so that explain() lists it before any call.
         self.site(0, next(iter(sorted(conventions, key=lambda c: c.value))))
@@ -73,7 +75,8 @@ class ModuleRouter:
 
             site = self._next_site(Convention.DISPATCH)
             if parallel_config is not None:
-                return site.host_only("context-parallel call", host)
+                return self.parallel.serve(site, host, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                           enable_gqa, attention_kwargs, backend, parallel_config)
             if attention_kwargs:
                 return site.host_only(f"backend-specific attention_kwargs {sorted(attention_kwargs)}", host)
             if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (query, key, value)):
