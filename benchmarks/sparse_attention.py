@@ -6,7 +6,7 @@ bf16; the attach path captures the self-attention inputs of the last block throu
 - exact dense rows: flash-attn-4 (where installed), cuDNN, and ditgate's kernel unquantized ("plain") and
   FP8, all dense (the Triton schedule at its default tile, or its best of a sweep with ``--triton-sweep``);
   on Hopper also the warp-specialized schedule (kernels.hopper_attention) in both modes
-  ("ditgate_plain_hopper", "ditgate_fp8_hopper"), each at the fastest of its schedules timed dense;
+  ("ditgate_plain_hopper", "ditgate_fp8_hopper");
 - per budget 1.0 / 0.5 / 0.3 / 0.15 and per pattern (the per-call selector; the static window and radial
   patterns): selection time, then plain (both schedules) / FP8 / compiled flex / fa4's block-sparse path over the
   selection, and at head dim 64 the Hopper schedule over a selection of 192-row query tiles (its three
@@ -160,7 +160,7 @@ def main() -> None:
         plan.detach()
         q, k, v, scale = cap.captured
         B, H, S, D = q.shape
-        layout = layouts_of_forward(model, (), inputs, need_grid=True).for_length(S)
+        layout = layouts_of_forward(model, (), inputs).for_length(S)
         print(name, tuple(q.shape), layout.source if layout else "no layout", flush=True)
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale,
                                                                enable_gqa=H != k.shape[1])
@@ -190,16 +190,11 @@ def main() -> None:
                 config=str(best_cfg[qk]), config_ms={str(c): t for c, t in times.items()},
                 cosine=compare(quant_attention(q, k, v, qk=qk, scale=scale, config=best_cfg[qk]).float(), ref).cosine)
         hopper = None
-        best_schedule = {}
         if DEVICE.type == "cuda" and torch.cuda.get_device_capability()[0] == 9 and BLOCK == 128:
             from ditgate.kernels import hopper_attention as hopper
-            for qk in ("plain", "fp8"):  # each schedule timed dense; the fastest serves this mode's sparse rows
-                times = {sch: bench(lambda: hopper.hopper_attention(q, k, v, qk=qk, scale=scale, schedule=sch))
-                         for sch in hopper.SCHEDULES}
-                best_schedule[qk] = min(times, key=times.get)
-                dense[f"ditgate_{qk}_hopper"] = times[best_schedule[qk]]
-                row(model=name, row=f"ditgate_{qk}_hopper", pattern="dense", budget=1.0, ms=times[best_schedule[qk]],
-                    schedule=best_schedule[qk], schedule_ms=times,
+            for qk in ("plain", "fp8"):
+                dense[f"ditgate_{qk}_hopper"] = bench(lambda: hopper.hopper_attention(q, k, v, qk=qk, scale=scale))
+                row(model=name, row=f"ditgate_{qk}_hopper", pattern="dense", budget=1.0, ms=dense[f"ditgate_{qk}_hopper"],
                     cosine=compare(hopper.hopper_attention(q, k, v, qk=qk, scale=scale).float(), ref).cosine)
         exact = {n: t for n, t in dense.items() if n in ("fa4", "sdpa_cudnn")} or {"ditgate_plain": dense["ditgate_plain"]}
         best_name = min(exact, key=exact.get)
@@ -242,11 +237,11 @@ def main() -> None:
                 if hopper is not None:
                     for qk in ("plain", "fp8"):
                         consumers[f"ditgate_{qk}_hopper"] = (BLOCK, lambda qk=qk: hopper.hopper_attention(
-                            q, k, v, qk=qk, scale=scale, schedule=best_schedule[qk], groups=2, **kw))
+                            q, k, v, qk=qk, scale=scale, groups=2, **kw))
                         if tall:
                             tl_ = selections[tall][0]
                             consumers[f"ditgate_{qk}_hopper_{tall}"] = (tall, lambda qk=qk, tl_=tl_: hopper.hopper_attention(
-                                q, k, v, qk=qk, scale=scale, schedule=best_schedule[qk], groups=tall // 64,
+                                q, k, v, qk=qk, scale=scale, groups=tall // 64,
                                 kv_index=tl_.kv_index, kv_count=tl_.kv_count))
                 x = AttentionInputs(q, k, v, attn_mask=lists, scale=scale)
                 if flex.availability().available:

@@ -10,7 +10,7 @@ long shapes (random bf16 inputs in diffusers' [B, S, H, D] storage; FP8, or ``--
   with L (per-program prologue and epilogue, launch), and each list's median over dense's with the same flags
   is set against the issue's bound (1.15 x density).
 
-    python benchmarks/experiments/fixed_costs.py --out DIR [--shapes ltx wan] [--schedules 0 3]
+    python benchmarks/experiments/fixed_costs.py --out DIR [--shapes ltx wan]
         [--kernel-rounds 3] [--whole-rounds 3 [--whole-only]] [--kernel-only] [--blocks 0 1 2 27]
         [--variants default lazy=0] [--mode plain]
 
@@ -104,35 +104,30 @@ def selecting_call(form, q, k, v, scale, rows_q):
 
 
 def whole_call_variants(q, k, v, scale, rows_q) -> dict:
-    """The FP8 sparse form's whole call at budget 0.3 over a video layout, as a plan runs it, three ways: the selector
-    pooling Q and K itself (``selecting_call``), the form's quantization pooling for it (``Form.pool_for_selection``),
-    and the same with K and V quantized on a second stream beside the selection (``kv_beside_selection``). Prints the
-    cosine of an output that has not the first's bits: the selector's own tile means (each tile's rows summed at
+    """The FP8 sparse form's whole call at budget 0.3 over a video layout, as a plan runs it, two ways: the selector
+    pooling Q and K itself (``selecting_call``) and the form's quantization pooling for it (``Form.pool_for_selection``).
+    Prints the cosine of an output that has not the first's bits: the selector's own tile means (each tile's rows summed at
     once) and the quantization's (per block of 64 or 128 rows, then per tile) round apart, and where two tiles'
     scores nearly tie, a row may keep the other (seen at Wan-14B)."""
     from ditgate.forms import AttentionInputs
     from ditgate.forms.base import describe_call
 
-    form, beside = _probed("fp8_sparse"), _probed("fp8_sparse")
-    form.kv_beside_selection = False  # the one-stream path (the form's default)
-    beside.kv_beside_selection = True  # K and V quantized on a second stream, beside the selection
+    form = _probed("fp8_sparse")
     layout, selector = TokenLayout.video_then(q.shape[2]), TileSelector(ha.ROWS_K)
     call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
     x = AttentionInputs(q, k, v, scale=scale)
     own = selecting_call(form, q, k, v, scale, rows_q)
 
-    def pooled(form=form):
+    def pooled():
         tiles = form.pool_for_selection(call, x, rows_q, ha.ROWS_K)
         lists = selector.select(q, k, layout, 0.3, rows_q, lambda: (tiles.query, tiles.key))
         return form.run(AttentionInputs(q, k, v, scale=scale, attn_mask=lists, prepared=tiles.prepared))
 
-    first = own()
-    for way, out in (("quantization pools", pooled()), ("KV beside", pooled(beside))):
-        if not torch.equal(first, out):
-            cosine = torch.nn.functional.cosine_similarity(first.float().flatten(), out.float().flatten(), dim=0)
-            print(f"{way}: not the bits of the selector pooling itself, cosine {cosine.item():.7f}")
-    return {"whole call, selector pools": own, "whole call, quantization pools": pooled,
-            "whole call, quantization pools, KV beside": lambda: pooled(beside)}
+    first, out = own(), pooled()
+    if not torch.equal(first, out):
+        cosine = torch.nn.functional.cosine_similarity(first.float().flatten(), out.float().flatten(), dim=0)
+        print(f"quantization pools: not the bits of the selector pooling itself, cosine {cosine.item():.7f}")
+    return {"whole call, selector pools": own, "whole call, quantization pools": pooled}
 
 
 def whole_calls(q, k, v, scale, rows_q, rounds, record):
@@ -147,8 +142,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="ditgate-out")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--schedules", nargs="+", type=int, default=[None], help="kernel rows per schedule (default: as "
-                    "ditgate launches it)")
     ap.add_argument("--whole-rounds", type=int, default=0, help="then the FP8 sparse form's whole call at budget 0.3, "
                     "the selector pooling itself or the form's quantization pooling for it, interleaved rounds")
     ap.add_argument("--whole-only", action="store_true", help="only the whole calls")
@@ -187,33 +180,30 @@ def main() -> None:
             index = torch.argsort(torch.rand(1, h, n_m, n, device="cuda", generator=g), -1)[..., :max(keep, 1)]
             lists[keep] = (index.sort(-1).values.to(torch.int32).contiguous(),
                            torch.full((1, h, n_m), keep, dtype=torch.int32, device="cuda"))
-        for schedule in args.schedules:
-            launches = {}
-            for spec, flags in variants.items():
-                dense = ha.plan_launch(q, k, v, mode, scale, o, qz, groups=groups, schedule=schedule, **flags)
-                launches[(f"{spec}: dense", n)] = dense
-                if dense.flags["LAZY"]:  # the lists rescale every block (``LAZY_RESCALED``): dense doing the same too
-                    launches[(f"{spec}: dense, lazy off", n)] = ha.plan_launch(
-                        q, k, v, mode, scale, o, qz, groups=groups, schedule=schedule, **{**flags, "lazy": False})
-                for keep, (index, count) in lists.items():
-                    launches[(f"{spec}: lists", keep)] = ha.plan_launch(q, k, v, mode, scale, o, qz, index, count,
-                                                                       groups=groups, schedule=schedule, **flags)
-            if len(variants) > 1:
-                same_bits(launches, o, lambda **row: record(shape=shape, schedule=schedule, **row))
-            medians = kernel_rounds(launches, args.kernel_rounds,
-                                    lambda **row: record(shape=shape, schedule=schedule, **row))
-            for (part, blocks), ms in medians.items():
-                record(shape=shape, schedule=schedule, part=f"{part} (median)", blocks=blocks, median_ms=ms)
-            for spec in variants:
-                fit_and_ratios(medians, spec, n, n_m * h, lambda **row: record(shape=shape, schedule=schedule, **row))
+        launches = {}
+        for spec, flags in variants.items():
+            dense = ha.plan_launch(q, k, v, mode, scale, o, qz, groups=groups, **flags)
+            launches[(f"{spec}: dense", n)] = dense
+            if dense.flags["LAZY"]:  # the lists rescale every block (``LAZY_RESCALED``): dense doing the same too
+                launches[(f"{spec}: dense, lazy off", n)] = ha.plan_launch(
+                    q, k, v, mode, scale, o, qz, groups=groups, **{**flags, "lazy": False})
+            for keep, (index, count) in lists.items():
+                launches[(f"{spec}: lists", keep)] = ha.plan_launch(q, k, v, mode, scale, o, qz, index, count,
+                                                                   groups=groups, **flags)
+        if len(variants) > 1:
+            same_bits(launches, o, lambda **row: record(shape=shape, **row))
+        medians = kernel_rounds(launches, args.kernel_rounds, lambda **row: record(shape=shape, **row))
+        for (part, blocks), ms in medians.items():
+            record(shape=shape, part=f"{part} (median)", blocks=blocks, median_ms=ms)
+        for spec in variants:
+            fit_and_ratios(medians, spec, n, n_m * h, lambda **row: record(shape=shape, **row))
         del q, k, v, qz, o
         torch.cuda.empty_cache()
-    print(f"{'shape':<6}{'part':<48}{'sched':>6}{'blocks':>7}{'round':>6}{'ms':>9}")
+    print(f"{'shape':<6}{'part':<48}{'blocks':>7}{'round':>6}{'ms':>9}")
     for r in rows:
         if "round" in r and "blocks" in r:  # the kernel rounds: in the JSON; their medians are printed
             continue
-        sched = "" if r.get("schedule") is None else r["schedule"]
-        head = f"{r['shape']:<6}{r['part'][:47]:<48}{sched:>6}"
+        head = f"{r['shape']:<6}{r['part'][:47]:<48}"
         if "ratio" in r:
             print(f"{head}{r['blocks']:>7}{'':>6} {r['ratio']:.4f} of dense (bound {r['bound']:.4f})")
         elif "median_ms" in r:
