@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -16,21 +15,6 @@ TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "t
         "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos", "tiny-chronoedit", "tiny-wan-animate",
         "tiny-framepack", "tiny-consisid", "tiny-easyanimate", "tiny-allegro",
         "tiny-kandinsky5", "tiny-helios", "tiny-motif-video", "tiny-kandinsky6")
-
-# The families the default test set runs where a test is costly per family (a measuring gate compiles flex per
-# shape); the others run in the slow set. Four lineages: Wan (video self-attention), LTX-Video (packed latent, masked
-# cross-attention), Flux (joint text-image) and HunyuanVideo (joint, a padding mask).
-REPRESENTATIVE = ("tiny-wan", "tiny-ltx", "tiny-flux", "tiny-hunyuan-video")
-
-
-def slow_beyond(values, keep=REPRESENTATIVE) -> list:
-    """``values`` as pytest parameters, each one whose first element is not in ``keep`` marked ``slow``: the default set
-    runs a representative few of a costly parametrization, the slow set (``-m slow``) the rest."""
-    params = []
-    for value in values:
-        args = value if isinstance(value, tuple) else (value,)
-        params.append(pytest.param(*args, marks=() if args[0] in keep else pytest.mark.slow))
-    return params
 
 
 class Tiny:

@@ -32,7 +32,6 @@ def test_bench_kernels_writes_every_row_and_gates(tmp_path):
     assert bad.returncode != 0 and "H,S,D" in bad.stderr
 
 
-@pytest.mark.slow  # a subprocess that calibrates a model and times its rows: 12-30 s
 def test_bench_model_rows_reasons_and_gate(tmp_path):
     """One run whose latency gate fails: the rows are written before the gate judges them (the gate's passing side
     is the same function, checked by the kernels command above)."""

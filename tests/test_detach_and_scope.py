@@ -6,14 +6,14 @@ import torch
 import ditgate
 from ditgate.hosts import find_attention_modules
 
-from .helpers import TINY, Tiny, slow_beyond
+from .helpers import TINY, Tiny
 
 
 def _processors(model):
     return [m.module.processor for m in find_attention_modules(model)]
 
 
-@pytest.mark.parametrize("name", slow_beyond(TINY))
+@pytest.mark.parametrize("name", TINY)
 def test_detach_is_bit_exact(name):
     tiny = Tiny(name)
     before = tiny.forward()
