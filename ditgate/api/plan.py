@@ -12,6 +12,7 @@ objects: the model is then exactly as it was.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ from ..gate import (
 )
 from ..gate.chooser import CALIBRATING, LIVE
 from ..gate.receipt import now
-from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
+from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_routed, model_output, plan_interception,
+                     routed_processor)
 from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..sparse.padding import PaddingKeys
 from ..sparse.stage import SparseSetting, SparseStage
@@ -132,29 +134,33 @@ class Plan:
         return f"{name}." if name else ""
 
     def _install_live_calibration(self) -> None:
-        """Calibrate on each denoiser's first real forward, then run its whole-model check."""
+        """Calibrate on each denoiser's first real forward, then run its whole-model check. That forward runs
+        eagerly even under a torch.compile wrapper (``EagerForward``: measuring never happens in a graph)."""
         for name, model in self.denoisers:
-            handles: list = []
+            mine: list[EagerForward] = []
 
-            def pre(module, args, kwargs, name=name):
+            def around(args, kwargs, run, name=name, model=model, mine=mine):
                 if self._checking or name in self._calibrated:
-                    return None
+                    return run()
+                self._read_layouts(name, model, args, kwargs)
                 self._captured[name] = (args, kwargs)
                 self.chooser.mode = CALIBRATING
-                return None
-
-            def post(module, args, kwargs, output, name=name, model=model, handles=handles):
-                if self._checking or name in self._calibrated:
-                    return None
-                self.chooser.mode = LIVE
+                try:
+                    out = run()
+                finally:
+                    self.chooser.mode = LIVE
                 self._finish_calibration(name, model)
-                for h in handles:
-                    h.remove()
-                return None
+                mine[0].remove()
+                return out
 
-            handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(model.register_forward_hook(post, with_kwargs=True))
-            self._hooks += handles
+            mine.append(EagerForward(model, around))
+            self._hooks += mine
+
+    def _read_layouts(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """The padding reader's layouts of a forward about to be measured: its pre-hook reads nothing inside a
+        compiled graph, and a compiled wrapper may have started this forward (``EagerForward`` runs it eagerly)."""
+        if self.context.padding is not None:
+            self.context.padding.read(name, model, args, kwargs)
 
     def _finish_calibration(self, name: str, model: torch.nn.Module) -> None:
         self._calibrated.add(name)
@@ -200,18 +206,28 @@ class Plan:
                     self._captured[name] = (args, kwargs)
 
             capture_handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+        # a compiled denoiser runs its original code while it is measured, its whole-model check included
+        def around(args, kwargs, run, name, model):
+            self._read_layouts(name, model, args, kwargs)
+            return run()
+
+        eager = [EagerForward(model, functools.partial(around, name=name, model=model)) for name, model in self.denoisers]
         self.chooser.mode = CALIBRATING
         try:
-            fn()
+            try:
+                fn()
+            finally:
+                self.chooser.mode = LIVE
+                for h in capture_handles:
+                    h.remove()
+            for name, model in self.denoisers:
+                if name in self._captured:
+                    self._finish_calibration(name, model)
+                else:
+                    logger.warning("ditgate: the calibration callable never ran %s", name or "the model")
         finally:
-            self.chooser.mode = LIVE
-            for h in capture_handles:
-                h.remove()
-        for name, model in self.denoisers:
-            if name in self._captured:
-                self._finish_calibration(name, model)
-            else:
-                logger.warning("ditgate: the calibration callable never ran %s", name or "the model")
+            for e in eager:
+                e.remove()
         return self
 
     def report(self) -> PlanReport:
@@ -231,11 +247,13 @@ class Plan:
                     serving = top.route
                 elif counts:
                     serving = HOST
+                elif s.ledger.traces:  # served inside compiled graphs only: what they were traced with
+                    serving = s.ledger.trace_counts()[0].route
                 sites.append(SiteRecord(
                     name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
                     convention=s.convention.value, shapes=tuple(c.shapes_text() + f" {c.dtype}" for c in s.shapes.values()),
                     calls=s.ledger.calls, serving=serving, routes=counts, failures=s.ledger.failure_counts(),
-                    verdicts=tuple(verdicts_by_site.get(s.name, ())),
+                    verdicts=tuple(verdicts_by_site.get(s.name, ())), compiled=s.ledger.trace_counts(),
                 ))
         return PlanReport(
             ditgate_version=__version__,

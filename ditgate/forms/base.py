@@ -278,6 +278,13 @@ class Form:
         """Compute attention; returns B, H, Sq, Dv in the query's dtype."""
         raise NotImplementedError
 
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        """The call as a torch.compile graph is to hold it (dynamo traces this; it never runs eagerly in a trace).
+        By default ``run`` itself, which suits forms made of torch operations; a form whose call dynamo cannot
+        trace (a kernel launch with host-side state, a library's own dispatch) serves it through a
+        ``torch.library`` custom op with a fake implementation (``forms.ops``), opaque to the compiler."""
+        return self.run(inputs)
+
     def resident_bytes(self) -> int:
         """Device memory this form holds between calls (workspaces, quantized copies)."""
         return 0

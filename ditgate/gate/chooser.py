@@ -53,9 +53,21 @@ class GateChooser:
         self.forms = forms
         self.on_new_shape = on_new_shape
         self.progress = progress
+        # routes are kept per call signature until this changes (``router.Chooser``): bumped by every mode change
+        # and every verdict stored or reverted; code that writes ``verdicts`` directly bumps it too
+        self.generation = 0
         self.mode = LIVE
         self.sparse_forms = sparse_forms  # block-sparse consumers the plan's sparse setting names
         self.verdicts: dict[tuple[str, str], Verdict] = {}
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._mode = mode
+        self.generation += 1
 
     # --- candidates --------------------------------------------------------------------------------
     def candidates(self) -> list[str]:
@@ -91,6 +103,7 @@ class GateChooser:
             host_out = host()
             verdict = self._measure_site(site, call, inputs, host, to_host, host_out)
         self.verdicts[(site.name, call.shape_key)] = verdict
+        self.generation += 1
         logger.info("ditgate gate: %s @ %s -> %s", site.name, call.shape_key, verdict.summary)
         if self.progress is not None:
             self.progress(verdict)
@@ -191,3 +204,4 @@ class GateChooser:
             verdict.site, verdict.shape_key, None, "reverted", verdict.chosen, verdict.measured,
             verdict.refusals + (Refusal(verdict.form or "?", "reverted", note),), note=note,
         )
+        self.generation += 1

@@ -44,6 +44,7 @@ class PaddingKeys:
         self._denoiser_of: dict[str, str] = {}
         self._checked: dict[tuple, bool] = {}  # (layout, mask shape, device): the mask hides the layout's padding
         self._said: set[tuple[str, str]] = set()
+        self._names: set[str] = set()  # the denoisers whose forwards are read
 
     def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
         """A pre-hook on ``model`` where its family passes padding masks; returns the handles (none otherwise)."""
@@ -52,11 +53,21 @@ class PaddingKeys:
         for path in module_paths:
             self._denoiser_of[path] = name
 
+        self._names.add(name)
+
         def pre(module, args, kwargs):
-            self._forward[name] = layouts_of_forward(module, args, kwargs)
+            if torch.compiler.is_compiling():  # a compiled graph keeps the mask (the router cuts nothing there)
+                return None
+            self.read(name, module, args, kwargs)
             return None
 
         return [model.register_forward_pre_hook(pre, with_kwargs=True)]
+
+    def read(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Read the layouts of a forward of the denoiser ``name`` (its hook does, outside compiled graphs; a plan
+        measuring on a forward that a compiled wrapper started does, once that forward runs eagerly)."""
+        if name in self._names:
+            self._forward[name] = layouts_of_forward(model, args, kwargs)
 
     def covers(self, name: str) -> bool:
         """Whether the denoiser ``name`` has had a forward read here."""
