@@ -57,6 +57,10 @@ def add_bench_parsers(sub) -> None:
     _common(m)
     m.set_defaults(func=_run_model)
 
+    from .bench_overhead import add_overhead_parser
+
+    add_overhead_parser(bsub)
+
     listing = bsub.add_parser("presets", help="the model presets bench model takes: class and what each holds")
     listing.set_defaults(func=_list_presets)
 
