@@ -285,3 +285,39 @@ def test_inductor_compiles_a_routed_model_to_the_eager_routed_output():
     assert _close(_run(compiled, tiny.inputs), routed, 1e-4)
     assert all(routes == {("copy", "")} for routes in _compiled_routes(plan).values())
     plan.detach()
+
+
+def _bf16_call(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, 64, 64, generator=gen).to(torch.bfloat16) for _ in range(3)]
+
+
+@pytest.mark.parametrize("form_name", ["int8", "fp8_sparse"])
+def test_ditgates_kernels_enter_a_graph_as_one_opaque_custom_op(form_name):
+    from ditgate.forms import AttentionInputs, create_forms
+    from ditgate.kernels.lists import KeyBlockLists
+
+    form = create_forms([form_name])[form_name]
+    if not form.availability().available:
+        pytest.skip(form.availability().reason)
+    q, k, v = _bf16_call()
+    lists = None
+    if form.spec.takes_selection:
+        tiles = torch.tensor([[True, False], [True, True]])
+        lists = KeyBlockLists.from_tile_mask(tiles, 1, 2, 32)
+    graphs = Graphs()
+    compiled = torch.compile(lambda q, k, v: form.in_graph(AttentionInputs(q, k, v, lists, 0.125)) * 1,
+                             backend=graphs, fullgraph=True)
+    out = compiled(q, k, v)
+    assert graphs.count == 1
+    assert torch.equal(out, form.run(AttentionInputs(q, k, v, lists, 0.125)))
+    args = (q, k, v, form.qk, 0.125, *((lists.kv_index, lists.kv_count, 32, 32) if lists else (None, None, 0, 0)))
+    torch.library.opcheck(torch.ops.ditgate.quant_attention, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_a_kernel_that_raises_inside_a_graph_hands_its_call_to_sdpa():
+    q, k, v = (t.float() for t in _bf16_call())  # float32: the kernel refuses it
+    with pytest.warns(RuntimeWarning, match="raised inside a compiled graph"):
+        out = torch.ops.ditgate.quant_attention(q, k, v, "fp8", 0.125, None, None, 0, 0)
+    assert _close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125))
+    assert out.transpose(1, 2).is_contiguous()  # the layout its fake declares

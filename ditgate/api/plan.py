@@ -211,7 +211,8 @@ class Plan:
             self._read_layouts(name, model, args, kwargs)
             return run()
 
-        eager = [EagerForward(model, functools.partial(around, name=name, model=model)) for name, model in self.denoisers]
+        eager = [EagerForward(model, functools.partial(around, name=name, model=model))
+                 for name, model in self.denoisers]
         self.chooser.mode = CALIBRATING
         try:
             try:
