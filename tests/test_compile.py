@@ -16,7 +16,7 @@ from ditgate.hosts import find_attention_modules, model_output
 from ditgate.router.site import NOT_MEASURED_IN_GRAPH, PADDING_NOT_IN_GRAPH
 from ditgate.router.traced import RAISED_IN_TRACE
 
-from .helpers import FakeForm, Tiny, sdpa, twice
+from .helpers import FakeForm, ListsForm, Tiny, sdpa, twice
 
 FAMILIES = ("tiny-wan", "tiny-ltx", "tiny-flux", "tiny-hunyuan-video", "tiny-cogvideox")
 # speed never decides here: the forms are the host's own SDPA (see tests/test_gate.py)
@@ -272,6 +272,35 @@ def test_a_form_disabled_by_eager_failures_is_refused_before_tracing():
     for routes in _compiled_routes(plan).values():
         ((route, why),) = routes
         assert route == "host" and "disabled after 3 failures" in why
+    plan.detach()
+
+
+def test_the_sparse_schedule_compiles_once_per_budget_and_keeps_its_step_count():
+    from ditgate.models.presets import get_preset
+
+    base = get_preset("tiny-wan")
+    preset = dataclasses.replace(base, geometry=dict(base.geometry, frames=4, height=16, width=16))  # 256 tokens
+    model = preset.build()
+    inputs = preset.inputs(model)
+    setting = ditgate.SparseSetting(ditgate.BudgetSchedule(budget=0.3, dense_steps=2, dense_layers=0), block=16)
+    plan = ditgate.attach(model, forms=["lists"], measure=False, sparse=setting, extra_forms=[ListsForm()])
+    steps = (900, 900, 800, 700, 600, 500, 950, 900, 800)  # guidance's second call at 900; 950: a new generation
+
+    def at(target, t):
+        return _run(target, {**inputs, "timestep": torch.tensor([t])})
+
+    eager = [at(model, t) for t in steps]
+    graphs = Graphs()
+    compiled = torch.compile(model, backend=graphs)
+    counted = []
+    for t, expected in zip(steps, eager):
+        assert torch.equal(at(compiled, t), expected)
+        counted.append(plan.sparse.counter.step)
+    assert counted == [0, 0, 1, 2, 3, 4, 0, 1, 2] and plan.sparse.counter.generation == 3
+    assert graphs.count == 2  # dense steps, sparse steps: one graph each
+    assert _compiled_routes(plan)["blocks.1.attn1"] == {("host", "sparse: dense at this step (schedule)"),
+                                                         ("lists", "")}
+    assert _breaks(model, {**inputs, "timestep": torch.tensor([500])}) == 0
     plan.detach()
 
 

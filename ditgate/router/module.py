@@ -65,13 +65,19 @@ class ModuleRouter:
     # Both run eagerly at trace time (dynamo calls them and keeps the result as a constant of the graph); their
     # arguments are plain values, so that no Python object of ours needs a guard beyond this router's identity.
     @torch._dynamo.assume_constant_result
-    def traced_route(self, index: int, convention: Convention, generation: int, *sig) -> tuple[str | None, str]:
-        """The form a compiled graph calls for this call, or None for the host, and why (``SiteRouter.
-        resolve_traced``). ``generation`` is the plan's, read in the trace: dynamo guards on it."""
-        q, k, v, dtype, device, mask, *flags = sig
-        mask = (mask[0], torch.Size(mask[1])) if isinstance(mask, tuple) else mask
-        return self.site(index, convention).resolve_traced(
-            (torch.Size(q), torch.Size(k), torch.Size(v), dtype, device, mask, *flags))
+    def traced_route(self, index: int, convention: Convention, generation: int,
+                     *sig) -> tuple[str | None, str, bool]:
+        """The form a compiled graph calls for this call, or None for the host, and why, and whether the sparse
+        stage selects for it (``SiteRouter.resolve_traced``). ``generation`` is the plan's, read in the trace:
+        dynamo guards on it."""
+        return self.site(index, convention).resolve_traced(_sig_of(sig))
+
+    @torch._dynamo.assume_constant_result
+    def traced_selection(self, index: int, convention: Convention, token: str, form_name: str,
+                         *sig) -> tuple[tuple | None, str]:
+        """How a graph selects for this call of a block-sparse form (``SiteRouter.resolve_selection``). ``token`` is
+        the sparse stage's ``graph_token`` (budget and layouts), read in the trace: dynamo guards on it."""
+        return self.site(index, convention).resolve_selection(form_name, _sig_of(sig))
 
     @torch._dynamo.assume_constant_result
     def note_trace(self, index: int, convention: Convention, route: str, reason: str) -> None:
@@ -85,6 +91,13 @@ class ModuleRouter:
         if Convention.SDPA in self.conventions:
             made[Convention.SDPA] = SdpaEntry(self, self.originals[Convention.SDPA])
         return made
+
+
+def _sig_of(plain: tuple) -> tuple:
+    """A call signature (``routes.signature``) from the plain values a trace passes."""
+    q, k, v, dtype, device, mask, *flags = plain
+    mask = (mask[0], torch.Size(mask[1])) if isinstance(mask, tuple) else mask
+    return (torch.Size(q), torch.Size(k), torch.Size(v), dtype, device, mask, *flags)
 
 
 class DispatchEntry:

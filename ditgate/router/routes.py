@@ -130,6 +130,11 @@ class PreparedRoute(FormRoute):
         return site.serve_prepared(self.form, self.call, args.inputs(), host, to_host)
 
 
+class SelectedRoute(FormRoute):
+    """A block-sparse form inside a compiled graph: the sparse stage selects there (``SparseStage.
+    graph_selection``); resolved at trace time only, never served eagerly."""
+
+
 class MeasureRoute(Route):
     keep = False
 

@@ -20,8 +20,8 @@ from ..forms import AttentionCall, AttentionInputs, Form, MaskKind
 from ..hosts import Convention
 from .ledger import HOST, SiteLedger
 from .observer import RouteEvent
-from .routes import (CallArgs, FormRoute, HostFn, HostRoute, MeasureRoute, PreparedRoute, Route, ToHostLayout,
-                     call_of, signature)
+from .routes import (CallArgs, FormRoute, HostFn, HostRoute, MeasureRoute, PreparedRoute, Route, SelectedRoute,
+                     ToHostLayout, call_of, signature)
 
 logger = logging.getLogger("ditgate")
 
@@ -29,7 +29,6 @@ logger = logging.getLogger("ditgate")
 NOT_MEASURED_IN_GRAPH = "first seen inside a compiled graph, where nothing is measured; the host serves it (a call " \
     "at this shape outside the graph, or plan.calibrate(), measures it and recompiles)"
 PADDING_NOT_IN_GRAPH = "inside a compiled graph the padding mask is kept: where it ends is data"
-SPARSE_NOT_IN_GRAPH = "the sparse selection is not traced into compiled graphs"
 
 
 @dataclass(frozen=True)
@@ -212,11 +211,16 @@ class SiteRouter:
 
     def _form_route(self, call: AttentionCall, form: Form, compiling: bool) -> Route:
         padded = call.mask is MaskKind.BOOLEAN and self.context.padding is not None
-        if form.spec.takes_selection or padded:
-            if not compiling:
-                return PreparedRoute(call, form)  # the cut and the selection read the call's data: per call
-            if form.spec.takes_selection:
-                return HostRoute(call, f"{form.name}: {SPARSE_NOT_IN_GRAPH}")
+        if (form.spec.takes_selection or padded) and not compiling:
+            return PreparedRoute(call, form)  # the cut and the selection read the call's data: per call
+        if form.spec.takes_selection:  # in a graph: selected there, as the sparse stage plans at trace time
+            if call.mask is not MaskKind.NONE:
+                kept = PADDING_NOT_IN_GRAPH if padded else "no verified layout says what the mask hides"
+                return HostRoute(call, f"sparse: a masked call stays dense ({kept})")
+            if self.context.sparse is None:
+                return HostRoute(call, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))")
+            blocked = self.usable(form.name, dataclasses.replace(call, mask=MaskKind.BLOCK))
+            return HostRoute(call, f"{form.name}: {blocked[0]}") if blocked else SelectedRoute(call, form)
         blocked = self.usable(form.name, call)
         if blocked:
             why = f"{form.name}: {blocked[0]}"
@@ -260,8 +264,21 @@ class SiteRouter:
         return host()
 
     # --- inside a torch.compile trace (``traced.TracedSite``) ----------------------------------------
-    def resolve_traced(self, sig: tuple) -> tuple[str | None, str]:
+    def resolve_traced(self, sig: tuple) -> tuple[str | None, str, bool]:
         """At trace time, eagerly: the form a compiled graph is to call for this signature, or None for the host,
-        and why. Nothing is measured: a call the chooser would measure goes to the host, with the reason."""
+        and why, and whether the sparse stage selects for it (``resolve_selection``). Nothing is measured: a call
+        the chooser would measure goes to the host, with the reason."""
         route = self._resolve(sig, compiling=True)
-        return (route.form.name, "") if isinstance(route, FormRoute) else (None, route.reason)
+        if isinstance(route, FormRoute):
+            return route.form.name, "", isinstance(route, SelectedRoute)
+        return None, route.reason, False
+
+    def resolve_selection(self, form_name: str, sig: tuple) -> tuple[tuple | None, str]:
+        """At trace time, eagerly: how a graph traced for the sparse stage's current ``graph_token`` selects for
+        this call (a plain tuple, ``sparse.graph.GraphPlan``), or None and why the host serves it there."""
+        call = call_of(sig, self.context.capability(sig[4]))
+        stage = self.context.sparse
+        rows = self.context.forms[form_name].selection_rows(call, stage.setting.block)
+        plan, why = stage.graph_selection(self.name, self.module_path, self.role or self.role_hint, tuple(sig[0]),
+                                          sig[1][2], sig[4], rows)
+        return (None, f"sparse: {why}") if plan is None else (tuple(plan), "")

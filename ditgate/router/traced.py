@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..forms import AttentionInputs
 from ..hosts import Convention
 from .ledger import HOST
 from .routes import CallArgs, HostFn, ToHostLayout
@@ -55,15 +56,22 @@ class TracedSite:
             mask_sig = type(mask)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         router = self.router
-        name, reason = router.traced_route(self.index, self.convention, router.context.generation, _sizes(q.shape),
-                                           _sizes(k.shape), _sizes(v.shape), q.dtype, q.device, mask_sig,
-                                           bool(args.is_causal), float(args.dropout_p), bool(args.enable_gqa),
-                                           needs_grad)
+        sig = (_sizes(q.shape), _sizes(k.shape), _sizes(v.shape), q.dtype, q.device, mask_sig, bool(args.is_causal),
+               float(args.dropout_p), bool(args.enable_gqa), needs_grad)
+        name, reason, selected = router.traced_route(self.index, self.convention, router.context.generation, *sig)
+        inputs = args.inputs()
+        if selected:  # a block-sparse form: the sparse stage selects, in the graph, for this step's budget
+            stage = router.context.sparse
+            plan, reason = router.traced_selection(self.index, self.convention, stage.graph_token, name, *sig)
+            if plan is None:
+                name = None
+            else:
+                inputs = AttentionInputs(q, k, v, stage.lists_in_graph(q, k, plan), args.scale)
         if name is None:
             router.note_trace(self.index, self.convention, HOST, reason)
             return host()
         try:  # a form that raises while it is traced is traced no further: this graph calls the host
-            out = router.context.forms[name].in_graph(args.inputs())
+            out = router.context.forms[name].in_graph(inputs)
         except Exception:
             router.note_trace(self.index, self.convention, HOST, f"{name} {RAISED_IN_TRACE}")
             return host()

@@ -45,6 +45,7 @@ class PaddingKeys:
         self._checked: dict[tuple, bool] = {}  # (layout, mask shape, device): the mask hides the layout's padding
         self._said: set[tuple[str, str]] = set()
         self._names: set[str] = set()  # the denoisers whose forwards are read
+        self._reads: dict[str, int] = {}
 
     def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
         """A pre-hook on ``model`` where its family passes padding masks; returns the handles (none otherwise)."""
@@ -68,6 +69,11 @@ class PaddingKeys:
         measuring on a forward that a compiled wrapper started does, once that forward runs eagerly)."""
         if name in self._names:
             self._forward[name] = layouts_of_forward(model, args, kwargs)
+            self._reads[name] = self._reads.get(name, 0) + 1
+
+    def reads(self, name: str) -> int:
+        """How many forwards of ``name`` were read so far (the sparse stage's hook reads one that was not)."""
+        return self._reads.get(name, 0)
 
     def covers(self, name: str) -> bool:
         """Whether the denoiser ``name`` has had a forward read here."""
