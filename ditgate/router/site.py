@@ -1,9 +1,12 @@
 """Per-site dispatch: which form serves this call, with call-time fallback to the host path.
 
 A ``SiteRouter`` is one attention call site (one module path, and the k-th attention call within one
-invocation of that module's processor). For every call it asks its plan's chooser for a decision,
-checks the chosen form's reasons against the call, runs it, and hands the call back to the host if the
-form raises. The ledger keeps the tallies; the observer hears each distinct route once.
+invocation of that module's processor). The first call of each signature (raw shapes, dtype, device, mask,
+flags) since the plan's generation last changed asks the plan's chooser for a decision and checks the chosen
+form's reasons; the resolved route (``routes``) then serves every call of that signature with a dictionary
+lookup, handing the call back to the host if the form raises. The ledger keeps the tallies; the observer hears
+each distinct route once. Inside a torch.compile trace the site's stand-in (``traced.TracedSite``) asks
+``resolve_traced`` instead, once, at trace time.
 """
 
 from __future__ import annotations

@@ -26,6 +26,11 @@ from .families import FAMILIES_WITH_PADDING_MASKS, PAIR_PADDING, ForwardLayouts,
 logger = logging.getLogger("ditgate")
 
 
+def capturing() -> bool:
+    """Whether this thread's CUDA stream is being captured into a CUDA graph (no device value may be read)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @dataclass(frozen=True)
 class PaddingCut:
     """Where a call's keys end before its padding, and whether the host's rows from there on are zeros (its mask
@@ -57,7 +62,9 @@ class PaddingKeys:
         self._names.add(name)
 
         def pre(module, args, kwargs):
-            if torch.compiler.is_compiling():  # a compiled graph keeps the mask (the router cuts nothing there)
+            # a compiled graph keeps the mask (the router cuts nothing there); a forward captured into a CUDA graph
+            # reads no device value: it keeps the layouts of the forward before it (its warm-up)
+            if torch.compiler.is_compiling() or capturing():
                 return None
             self.read(name, module, args, kwargs)
             return None

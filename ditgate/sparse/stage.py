@@ -1,8 +1,9 @@
 """The sparse stage of one plan: which key tiles a self-attention call visits, or why it stays dense.
 
 ``attach(..., sparse=SparseSetting(...))`` makes one ``SparseStage`` per plan. Per denoiser it installs
-a forward pre-hook (outside any compiled region of the model) that reads the token layouts of that
-forward from its arguments (``families``) and advances the plan's step counter from its timestep. The
+a forward pre-hook (which dynamo skips, so it runs outside any compiled graph; under a CUDA-graph capture it
+reads nothing) that reads the token layouts of that forward from its arguments (``families``) and advances the
+plan's step counter from its timestep. Compiled graphs select as ``graph`` says. The
 schedule's layers are counted in the order blocks first attend over a sequence with a layout. Sites
 then ask ``selection`` for their call: a ``Selection`` with key-block lists, or ``lists=None`` with the
 reason the call stays dense (no verified layout, cross-attention, a dense step or layer of the
@@ -33,7 +34,7 @@ from ..kernels.lists import KeyBlockLists
 from .families import ForwardLayouts, layouts_of_forward
 from .graph import SELECTED, STATIC, GraphPlan, GraphTensors
 from .layout import TokenLayout
-from .padding import PaddingKeys
+from .padding import PaddingKeys, capturing
 from .patterns import PATTERNS, static_pattern
 from .schedule import BudgetSchedule, StepCounter, timestep_position
 from .selector import TileSelector
@@ -128,6 +129,8 @@ class SparseStage:
 
         @torch.compiler.disable  # outside compiled graphs always: the step and the layouts are read from data
         def pre(module, args, kwargs):  # after the padding reader's hook, which the plan installs first
+            if capturing():  # a CUDA graph's capture reads no device value: it runs as the forward before it did
+                return None
             self.counter.observe_call(args, kwargs, position)
             shared = padding is not None and padding.covers(name)
             if shared and padding.reads(name) == self._padding_reads.get(name):  # its hook skipped (in a graph)
