@@ -29,7 +29,7 @@ import torch
 from ..gate import compare
 from ..hosts import model_output
 from ..models.presets import ModelPreset
-from .bench_model import DitgateRow, _sync, _timed_forward
+from .bench_model import DitgateRow, _sync, _timed_forward, failed, interleaved, record
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -80,28 +80,17 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
             progress(f"preparing the compiled rows{suffix}")
         configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device))
         configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device) for row in rows]
-    runnable = [c for c in configs if c.status == "ok"]
     with torch._dynamo.config.patch(recompile_limit=max(64, 8 * len(configs)),
                                     accumulated_recompile_limit=max(256, 32 * len(configs))):
-        for r in range(rounds):
-            inputs = preset.inputs(model, device, dtype, seed=r)
-            order = runnable[r % len(runnable):] + runnable[: r % len(runnable)] if runnable else []
-            for cfg in order:
-                if cfg.status != "ok":
-                    continue
-                if progress:
-                    progress(f"round {r + 1}/{rounds}: {cfg.name}")
-                try:
-                    if r == 0:  # compiles: reported apart
-                        cfg.cold_ms, _, _ = _timed_forward(cfg.forward, inputs, device, 1)
-                    ms, peak, out = _timed_forward(cfg.forward, inputs, device, steps)
-                except Exception as exc:
-                    cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
-                    continue
-                cfg.samples.append(ms)
-                cfg.peaks.append(peak)
-                if r == 0:
-                    cfg.output = out.detach().float().clone()  # a CUDA graph's output is overwritten next replay
+        for r, inputs, cfg in interleaved(preset, model, device, dtype, configs, rounds, progress):
+            try:
+                if r == 0:  # compiles: reported apart
+                    cfg.cold_ms, _, _ = _timed_forward(cfg.forward, inputs, device, 1)
+                ms, peak, out = _timed_forward(cfg.forward, inputs, device, steps)
+            except Exception as exc:
+                failed(cfg, exc)
+                continue
+            record(cfg, r, ms, peak, out)
     return _rows(preset, configs, reference)
 
 

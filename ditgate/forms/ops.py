@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +51,19 @@ def _lists(kv_index: torch.Tensor | None, kv_count: torch.Tensor | None, block_m
     return None if kv_index is None else KeyBlockLists(kv_index, kv_count, block_m, block_n)
 
 
-def _sdpa_instead(name: str, exc: Exception, q, k, v, scale, causal: bool, lists: KeyBlockLists | None):
-    """The call computed with torch SDPA where a kernel raised inside a graph (the host's own function)."""
-    warnings.warn(f"ditgate: {name} raised inside a compiled graph ({type(exc).__name__}: {exc}); torch SDPA "
-                  "served the call", RuntimeWarning, stacklevel=3)
-    mask = None if lists is None else lists.token_mask(q.shape[2], k.shape[2])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+def _served(name: str, run: Callable[[], torch.Tensor], q, k, v, scale, causal: bool,
+            lists: KeyBlockLists | None = None) -> torch.Tensor:
+    """``run()``'s output in the layout the fakes declare; where it raises (inside a compiled graph, whose host
+    code is not there to take the call), the same function by torch SDPA, with a warning."""
+    try:
+        out = run()
+    except Exception as exc:
+        warnings.warn(f"ditgate: {name} raised inside a compiled graph ({type(exc).__name__}: {exc}); torch SDPA "
+                      "served the call", RuntimeWarning, stacklevel=3)
+        mask = None if lists is None else lists.token_mask(q.shape[2], k.shape[2])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
+    return _as_bshd_storage(out)
 
 
 # --- ditgate's INT8 / FP8 / plain attention (kernels.quant_attention, kernels.hopper_attention) ----------------
@@ -103,13 +110,13 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, 
     """ditgate's attention over B, H, S, D tensors: ``qk`` "fp8", "int8" or "plain"; with key-block lists
     (``kv_index`` / ``kv_count`` of ``block_m`` x ``block_n`` tiles) or dense (both None, blocks 0)."""
     lists = _lists(kv_index, kv_count, block_m, block_n)
-    try:
+
+    def run():
         from ..kernels import quant_attention as kernel
 
-        out = run_quant(kernel, hopper_module(), q, k, v, qk, scale, lists)
-    except Exception as exc:
-        out = _sdpa_instead(f"ditgate {qk} attention", exc, q, k, v, scale, False, lists)
-    return _as_bshd_storage(out)
+        return run_quant(kernel, hopper_module(), q, k, v, qk, scale, lists)
+
+    return _served(f"ditgate {qk} attention", run, q, k, v, scale, False, lists)
 
 
 @quant_attention.register_fake
@@ -129,13 +136,12 @@ def fa4_bhsd(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) ->
 @torch.library.custom_op("ditgate::fa4", mutates_args=())
 def fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, causal: bool) -> torch.Tensor:
     """flash-attn-4's dense attention over B, H, S, D tensors."""
-    try:
+    def run():
         from flash_attn.cute import flash_attn_func
 
-        out = fa4_bhsd(flash_attn_func, q, k, v, softmax_scale=scale, causal=causal)
-    except Exception as exc:
-        out = _sdpa_instead("flash-attn-4", exc, q, k, v, scale, causal, None)
-    return _as_bshd_storage(out)
+        return fa4_bhsd(flash_attn_func, q, k, v, softmax_scale=scale, causal=causal)
+
+    return _served("flash-attn-4", run, q, k, v, scale, causal)
 
 
 @fa4.register_fake
@@ -148,16 +154,16 @@ def fa4_sparse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float |
                kv_count: torch.Tensor, block_m: int, block_n: int, factor: int) -> torch.Tensor:
     """flash-attn-4's block-sparse attention over the lists' tiles as full blocks; ``factor``: the query-block merge
     its eager calls found it accepts (0: try them, ``fa4.block_sparse``)."""
-    from .fa4 import block_sparse
-
     lists = KeyBlockLists(kv_index, kv_count, block_m, block_n)
-    try:
+
+    def run():
         from flash_attn.cute import flash_attn_func
 
-        out, _ = block_sparse(flash_attn_func, q, k, v, scale, lists, [factor] if factor else [1, 2, 4])
-    except Exception as exc:
-        out = _sdpa_instead("flash-attn-4 (block-sparse)", exc, q, k, v, scale, False, lists)
-    return _as_bshd_storage(out)
+        from .fa4 import block_sparse
+
+        return block_sparse(flash_attn_func, q, k, v, scale, lists, [factor] if factor else [1, 2, 4])[0]
+
+    return _served("flash-attn-4 (block-sparse)", run, q, k, v, scale, False, lists)
 
 
 @fa4_sparse.register_fake
@@ -178,13 +184,12 @@ def sage_bhsd(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 @torch.library.custom_op("ditgate::sage", mutates_args=())
 def sage(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, causal: bool) -> torch.Tensor:
     """sageattention 1.x over B, H, S, D tensors."""
-    try:
+    def run():
         from sageattention import sageattn
 
-        out = sage_bhsd(sageattn, q, k, v, scale, causal)
-    except Exception as exc:
-        out = _sdpa_instead("sageattention", exc, q, k, v, scale, causal, None)
-    return _as_bshd_storage(out)
+        return sage_bhsd(sageattn, q, k, v, scale, causal)
+
+    return _served("sageattention", run, q, k, v, scale, causal)
 
 
 @sage.register_fake
