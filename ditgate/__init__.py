@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 from .api import AlreadyAttachedError, Plan, PlanReport, attach  # noqa: E402
 from .forms import UnknownFormError, describe_forms, known_form_names  # noqa: E402
 from .gate import PROFILES, Profile, ReceiptError, ReceiptMismatchError, load_receipt  # noqa: E402
+from .gate.linear import LinearSetting  # noqa: E402
 from .sparse.schedule import BudgetSchedule  # noqa: E402
 from .sparse.stage import SparseSetting  # noqa: E402
 
@@ -19,6 +20,7 @@ __all__ = [
     "PROFILES",
     "AlreadyAttachedError",
     "BudgetSchedule",
+    "LinearSetting",
     "Plan",
     "SparseSetting",
     "PlanReport",

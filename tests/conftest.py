@@ -17,3 +17,10 @@ from .helpers import TINY, Tiny  # noqa: E402
 @pytest.fixture(params=TINY)
 def tiny(request) -> Tiny:
     return Tiny(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _private_timing_cache(tmp_path, monkeypatch):
+    """Each test gets its own timing cache folder: nothing is written to the user's ~/.cache, and no test reads
+    timings another test measured (test forms reuse names with other behaviours)."""
+    monkeypatch.setenv("DITGATE_CACHE_DIR", str(tmp_path / "ditgate-cache"))

@@ -105,40 +105,6 @@ def test_sparse_forms_ask_for_the_query_tiles_their_schedule_takes():
         assert forms["block_sparse"].selection_rows(call, 64) is None
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_quantized_sparse_forms_pool_and_quantize_on_two_streams_with_the_bits_of_one(head_dim):
-    """``pool_for_selection`` with K and V quantized on a second stream beside the selection
-    (``kv_beside_selection``, an option on Hopper) against one stream: the same lists and outputs, call after
-    call (each call's copies overwrite the last one's workspace)."""
-    from ditgate.sparse.layout import TokenLayout
-    from ditgate.sparse.selector import TileSelector
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the second stream is the Hopper schedule's")
-    for name in ("fp8_sparse", "int8_sparse"):
-        forms = [create_forms([name])[name] for _ in range(2)]
-        if not forms[0].availability().available:
-            pytest.skip(forms[0].availability().reason)
-        forms[1].availability()
-        forms[0].kv_beside_selection, forms[1].kv_beside_selection = False, True
-        selector, seq = TileSelector(128), 1500
-        layout = TokenLayout.video_then(seq)
-        for seed in (1, 2):
-            gen = torch.Generator(device="cuda").manual_seed(seed)
-            q, k, v = (torch.randn(1, seq, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                       .transpose(1, 2) for _ in range(3))
-            call = describe_call(q, k, v, None, 0.0, False, False, torch.cuda.get_device_capability())
-            outs = []
-            for form in forms:
-                rows = form.selection_rows(call, 128) or 128
-                tiles = form.pool_for_selection(call, AttentionInputs(q, k, v), rows, 128)
-                # FP8 lists run on the Hopper schedule at both head dims; INT8 lists on Triton's, one stream
-                assert (tiles.prepared.kv_done is not None) == (form.kv_beside_selection and name == "fp8_sparse")
-                lists = selector.select(q, k, layout, 0.3, rows, lambda: (tiles.query, tiles.key))
-                outs.append(form.run(AttentionInputs(q, k, v, attn_mask=lists, prepared=tiles.prepared)))
-            assert torch.equal(*outs) and outs[0].isfinite().all()
-
-
 @pytest.mark.parametrize("rows, heads", [(128, (8, 8)), (192, (8, 2))], ids=["square", "tall-gqa"])
 def test_the_selectors_kernel_keeps_each_rows_best_tiles_at_a_long_shape(rows, heads):
     """The selector's Triton path (pooling, the scores' product, ``tile_select.choose_and_list``) at a long video

@@ -22,8 +22,8 @@ from ditgate.kernels import hopper_attention as ha  # noqa: E402
 from ditgate.kernels.hopper_compile import HOPPER_SMEM  # noqa: E402
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-# sqrt(2 (1 - cosine)) plus margin, of the H200 cosines at LTX's shape with P's bytes from FMAs (``byte_p``, the
-# default of the dense 8-bit modes: 0.99840 and 0.99907; with exp2s 0.9985 and 0.9992)
+# sqrt(2 (1 - cosine)) plus margin, of the cosines to exact attention on an H200 at LTX's shape (FP8 0.99840, INT8
+# 0.99907: P's bytes from FMAs, ``hopper_softmax._byte_p``)
 REL_L2 = {"fp8": 0.07, "int8": 0.055, "plain": 0.01}
 
 
@@ -40,6 +40,7 @@ def _compile_reports():
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_every_variant_compiles_for_hopper_without_spills():
     reports = _compile_reports()
     assert {(r["qk"], r["head_dim"], r["sparse"], r["groups"]) for r in reports if r["aligned_out"]} == {
@@ -52,6 +53,7 @@ def test_every_variant_compiles_for_hopper_without_spills():
         assert not r["wgmma_serialized"], r  # ptxas keeps the products asynchronous
 
 
+@pytest.mark.slow
 def test_the_output_leaves_sixteen_bytes_at_a_time():
     """With V's channels in the accumulator's order, each consumer thread stores its 8 neighbouring channels of a row
     in one instruction: D / 16 per thread, one pair of rows per 16-byte store. Plain mode reads the host's V,
@@ -80,6 +82,7 @@ def _loop_shapes(mode: str) -> list[dict]:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_pin_keeps_the_exp2s_above_the_pv_wait():
     """Where ptxas puts the wait for P·V in plain mode over 192-row lists (pinned by default, ``PINNED``):
     unpinned, before the first exp2 (ptxas fills a shuffle's latency with it); pinned, after the last, so
@@ -92,16 +95,7 @@ def test_the_pin_keeps_the_exp2s_above_the_pv_wait():
     assert ("plain", 64, 192) in ha.PINNED
 
 
-def test_tensor_core_sums_take_the_adds_out_of_the_step():
-    """With P's row sums from the tensor cores (``tc_sum``), the steady-state step is shorter by about the
-    softmax's adds (62 per thread) less the added product and its bookkeeping, in FP8 at head dim 64
-    (where it is on by default) and in plain mode at 128."""
-    shapes = _loop_shapes("--tc-sum")
-    for adds, tensor in zip(shapes[::2], shapes[1::2]):
-        assert not adds["tc_sum"] and tensor["tc_sum"] and adds["qk"] == tensor["qk"]
-        assert adds["instructions"] - tensor["instructions"] >= 35, (adds, tensor)
-
-
+@pytest.mark.slow
 def test_a_tree_of_maxima_shortens_the_chain_before_the_exp2s():
     """Each row's max as a tree (``tree_max``, on by default for plain mode at head dim 64, ``TREE_MAXED``):
     the longest chain of dependent maxima in the step drops from one per column a thread holds (32, plus
@@ -115,7 +109,7 @@ def test_a_tree_of_maxima_shortens_the_chain_before_the_exp2s():
 
 
 def test_an_e4m3_byte_read_as_a_number_is_eight_times_its_log2_plus_seven():
-    """What ``byte_p`` rests on (``hopper_attention._byte_p``): every normal e4m3 byte X (8 to 126, 0x7F is NaN)
+    """What P's bytes rest on (``hopper_softmax._byte_p``): every normal e4m3 byte X (8 to 126, 0x7F is NaN)
     holds 2^(X / 8 - 7) times a factor in [1, 1.0617] (the mantissa linear between powers of two instead of
     exponential), so X = round(8 (x + 15)) stands for 2^(x + 8) within that factor; the byte at the row max,
     ``BYTE_TOP``, is finite with room below e4m3's largest value."""
@@ -127,34 +121,26 @@ def test_an_e4m3_byte_read_as_a_number_is_eight_times_its_log2_plus_seven():
     assert top == 256.0 and top < 448.0
 
 
-def test_p_bytes_take_the_exp2s_out_of_the_loop():
-    """With P's FP8 bytes from FMAs (``byte_p``, the default of the dense 8-bit modes and of FP8 over 192-row
-    lists), the loop's body keeps two exp2s per thread (alpha, one per row it holds) of the 66 it had, spills
-    nothing, and grows by at most a few dozen instructions (the FMAs replace the exp2s one for one; the
-    bytes are packed by three byte permutes per four values where the cast took two conversions)."""
-    shapes = _loop_shapes("--byte-p")
-    for exp2, bytes_ in zip(shapes[::2], shapes[1::2]):
-        assert not exp2["byte_p"] and bytes_["byte_p"] and exp2["qk"] == bytes_["qk"]
-        assert exp2["exp2s"] >= 64 and bytes_["exp2s"] == 2, (exp2, bytes_)
-        assert bytes_["spill_bytes"] == 0 and bytes_["tc_sum"], bytes_
-        assert bytes_["loop_instructions"] <= exp2["loop_instructions"] + 40, (exp2, bytes_)
-
-
+@pytest.mark.slow
 def test_the_lazy_rescale_puts_the_outputs_multiplies_behind_one_vote():
     """With ``lazy``, each consumer's step holds the output's rescale (one multiply per accumulator value: 32 at
     head dim 64, 64 at 128) behind a warp vote and a branch it can jump, with one vote per 32 values; the body
     grows by at most a few instructions per row (the threshold's compare and select) and spills nothing; in the 8-bit
-    modes with P's bytes (two exp2s left, alpha's) and in plain mode (P's 64 as well)."""
+    modes and in plain mode. In the 8-bit modes, eager or lazy, the body keeps two exp2s per thread (alpha, one per
+    row it holds): P's bytes come from FMAs (``hopper_softmax._byte_p``); plain mode's P takes 64 more."""
     shapes = _loop_shapes("--lazy")
     assert {s["qk"] for s in shapes} == {"fp8", "int8", "plain"}
     for eager, lazy in zip(shapes[::2], shapes[1::2]):
         assert not eager["lazy"] and lazy["lazy"] and eager["qk"] == lazy["qk"]
         assert eager["skippable_multiplies"] == 0, eager
         assert lazy["skippable_multiplies"] == lazy["head_dim"] // 2, lazy
-        assert lazy["spill_bytes"] == 0 and lazy["exp2s"] == (66 if lazy["qk"] == "plain" else 2), lazy
+        assert lazy["spill_bytes"] == 0, lazy
+        for shape in (eager, lazy):
+            assert shape["exp2s"] == (66 if shape["qk"] == "plain" else 2), shape
         assert lazy["loop_instructions"] <= eager["loop_instructions"] + 16, (eager, lazy)
 
 
+@pytest.mark.slow
 def test_int8_row_max_over_the_integers_takes_the_float_chain_out_of_the_step():
     """INT8's row max over the integer products (``int_max``, on by default for dense INT8, ``INT_MAXED``): ptxas
     makes it three-input integer maxima, so the chain of float maxima leaves the step, the loop's body shrinks by at
@@ -168,43 +154,31 @@ def test_int8_row_max_over_the_integers_takes_the_float_chain_out_of_the_step():
 
 
 def test_launch_options_default_per_mode_and_are_checked():
-    """What ``plan_launch`` decides when the call leaves the schedule's options alone, on CPU tensors: the
-    tile of ones exists only where the row sums are the tensor cores' (V's descriptor stands in, never
-    read, so no call allocates it for nothing), and a P carry the kernel does not have is refused."""
+    """What ``plan_launch`` decides when the call leaves the schedule's options alone, on CPU tensors: each option
+    on exactly where ``hopper_config`` says the call gains from it; the tile of ones exists only in the 8-bit modes,
+    whose row sums are the tensor cores' (V's descriptor stands in, never read, so no call allocates it for
+    nothing); an option the call's mode cannot take is refused."""
     from ditgate.kernels.hopper_compile import host_launch
 
-    fp8_64 = host_launch("fp8", 64, False, 3)
-    assert fp8_64.flags["TC_SUM"] and fp8_64.flags["NARROW"] == 2 and not fp8_64.flags["TREE_MAX"]
-    assert fp8_64.args[3] is not fp8_64.args[2] and fp8_64.args[3].base.shape == (8, ha.ROWS_K)
-    assert host_launch("int8", 64, False, 3).flags["NARROW"] == 2
-    assert fp8_64.flags["BYTE_P"] and host_launch("fp8", 64, True, 3).flags["BYTE_P"]
-    fp8_128 = host_launch("fp8", 128, False, 2)  # P's bytes need the tensor cores' sums and are carried packed
-    assert fp8_128.flags["BYTE_P"] and fp8_128.flags["TC_SUM"] and fp8_128.flags["NARROW"] == 2
-    exp2 = host_launch("fp8", 128, False, 2, tc_sum=False)  # asking for the softmax's sums turns the bytes off
-    assert not exp2.flags["BYTE_P"] and exp2.flags["NARROW"] == 0 and exp2.args[3] is exp2.args[2]
-    assert not host_launch("int8", 64, True, 3).flags["BYTE_P"]  # INT8 lists: not measured with the bytes
-    with pytest.raises(ValueError, match="tc_sum"):
-        host_launch("fp8", 64, False, 3, tc_sum=False, byte_p=True)
-    with pytest.raises(ValueError, match="FP8 or INT8"):
-        host_launch("plain", 64, False, 3, byte_p=True)
-    assert host_launch("plain", 64, False, 3).flags["TREE_MAX"]
-    assert not host_launch("plain", 64, True, 3).flags["TREE_MAX"]
-    with pytest.raises(ValueError, match="narrow"):
-        host_launch("fp8", 64, False, 3, narrow=3)
-    with pytest.raises(ValueError, match="byte_p"):  # the lazy rescale lives in the bytes' headroom
-        host_launch("fp8", 64, False, 3, byte_p=False, lazy=True)
+    tables = {"PIN": ha.PINNED, "TREE_MAX": ha.TREE_MAXED, "LAZY": ha.LAZY_RESCALED, "INT_MAX": ha.INT_MAXED,
+              "GATHER_O": ha.GATHERED}
+    for qk in ("plain", "fp8", "int8"):
+        for d, groups, sparse in ((64, 3, False), (64, 3, True), (64, 2, True), (128, 2, False), (128, 2, True)):
+            launch = host_launch(qk, d, sparse, groups)
+            where = (qk, d, 64 * groups if sparse else None)
+            assert {flag for flag, table in tables.items() if launch.flags[flag]} == {
+                flag for flag, table in tables.items() if where in table}, where
+            assert launch.flags["QUANT"] == (qk != "plain")
+            ones, v = launch.args[3], launch.args[2]
+            assert (ones is not v and ones.base.shape == (8, ha.ROWS_K)) if qk != "plain" else ones is v
+    assert host_launch("plain", 64, True, 3, lazy=True).flags["LAZY"]  # plain P has 8 octaves of headroom
+    assert host_launch("int8", 128, False, 2, lazy=True).flags["LAZY"]
+    assert host_launch("plain", 64, False, 3, gather_out=True).flags["GATHER_O"]
+    assert not host_launch("plain", 64, True, 3, pin=False).flags["PIN"]
+    with pytest.raises(ValueError, match="plain mode only"):  # the 8-bit modes' row sums are the tensor cores'
+        host_launch("fp8", 64, True, 3, pin=True)
     with pytest.raises(ValueError, match="INT8"):  # the integer max needs integer products
         host_launch("fp8", 64, False, 3, int_max=True)
-    assert host_launch("int8", 64, False, 3).flags["INT_MAX"] and host_launch("int8", 128, False, 2).flags["INT_MAX"]
-    assert not host_launch("int8", 64, True, 3).flags["INT_MAX"] and not fp8_64.flags["INT_MAX"]
-    for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False), ("fp8", 64, 3, True),
-                                  ("plain", 64, 3, True), ("plain", 128, 2, False)):
-        where, flags = (qk, d, 64 * groups if sparse else None), host_launch(qk, d, sparse, groups).flags
-        assert flags["LAZY"] == (where in ha.LAZY_RESCALED)
-        if qk == "plain" and d == 64:
-            assert flags["GATHER_O"] == (where in ha.GATHERED)
-    assert host_launch("plain", 64, True, 3, lazy=True).flags["LAZY"]  # plain P has 8 octaves of headroom
-    assert host_launch("plain", 64, False, 3, gather_out=True).flags["GATHER_O"]
     for qk, d in (("plain", 128), ("fp8", 64)):  # no room beside three stages; V's own order serves the 8-bit modes
         with pytest.raises(ValueError, match="gather_out"):
             host_launch(qk, d, False, 2, gather_out=True)
@@ -212,6 +186,7 @@ def test_launch_options_default_per_mode_and_are_checked():
         host_launch("plain", 64, False, 3, gather_out=True, aligned_out=False)
 
 
+@pytest.mark.slow
 def test_fp8_p_reaches_its_product_without_moving_between_threads():
     """The FP8 P·V operand is built in each thread's own registers (keys reordered, V stored to match):
     no more warp shuffles than the bf16 mode, where the accumulator layout already is the operand's."""
@@ -374,15 +349,14 @@ def _random_lists(B, H, S, rows, seed, seq_k=None):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ha.SCHEDULES, ids=[f"schedule{s}" for s in ha.SCHEDULES])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
 @pytest.mark.parametrize("shape", [(1, 4, 4, 1000, 1000, 128), (2, 4, 2, 300, 77, 64), (1, 2, 1, 256, 384, 128)],
                          ids=["odd", "gqa-cross", "even"])
-def test_matches_reference(shape, qk, layout, schedule):
+def test_matches_reference(shape, qk, layout):
     q, k, v = _qkv(*shape, seed=sum(shape), layout=layout)
     out = torch.full_like(q, float("nan"))
-    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule)
+    ha.hopper_attention(q, k, v, qk=qk, out=out)
     assert torch.isfinite(out).all()  # every row written
     assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
 
@@ -405,65 +379,26 @@ def test_three_warpgroups_match_reference(shape, qk, layout):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", [0, 1, 3, 4], ids=[f"schedule{s}" for s in (0, 1, 3, 4)])
-@pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
-@pytest.mark.parametrize("shape, groups", [((1, 4, 4, 1000, 1000, 128), 2), ((2, 4, 2, 300, 77, 64), 3),
-                                           ((1, 2, 1, 256, 384, 64), 2)], ids=["odd-128", "gqa-cross-3", "even-64"])
-def test_tensor_core_row_sums_match_reference(shape, groups, qk, schedule):
-    """P's row sums from the tensor cores (P times ones, ``tc_sum``): within the same bound as the sums
-    from the softmax, and close to them (the only difference: the quantized P is summed, not fp32 P)."""
-    q, k, v = _qkv(*shape, seed=sum(shape) + 17)
-    out = torch.full_like(q, float("nan"))
-    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule, groups=groups, tc_sum=True, byte_p=False)
-    assert torch.isfinite(out).all()
-    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
-    softmax_sums = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, tc_sum=False)
-    assert _rel(out, softmax_sums.double()) < REL_L2[qk] / 2
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("qk", ["plain", "fp8"])
 @pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
-def test_tensor_core_row_sums_over_lists(qk, groups):
-    """Over block lists, with an empty list (zeros, not 0/0) and a masked tail block."""
-    B, H, S, D = 1, 2, 1000, 64
-    rows = 64 * groups
-    q, k, v = _qkv(B, H, H, S, S, D, seed=19)
-    index, count, tokens = _random_lists(B, H, S, rows, seed=4)
-    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, tc_sum=True,
-                              byte_p=False)
-    assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
-    assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("groups", [2, 3], ids=["128-row-lists", "192-row-lists"])
-@pytest.mark.parametrize("schedule", ha.SCHEDULES, ids=[f"schedule{s}" for s in ha.SCHEDULES])
 @pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
-def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, groups):
+def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, groups):
     """Lists per program: 128 query rows with two warpgroups, 192 with three (the selector's tall tiles).
-    Every block listed gives dense attention's bits when the two calls sum P's rows the same way."""
+    Every block listed gives dense attention's bits when both rescale the output every block (``lazy`` is on for
+    some dense calls and not for their lists, and changes bits; the other options do not)."""
     B, H, S, D = 1, 2, 1000, 64
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=7)
     n_m, n = -(-S // rows), -(-S // 128)
     index, count, tokens = _random_lists(B, H, S, rows, seed=3)
-    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, schedule=schedule, groups=groups)
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups)
     ref = _reference(q, k, v, tokens)
     assert _rel(out, ref) < REL_L2[qk]
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
     assert _rel(out, _reference(q, k, v)) > 0.05  # the selection changed the result
     every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
-    # the defaults differ (``TC_SUMMED``, ``BYTE_PS``, ``LAZY_RESCALED``: dense and lists not alike), so each pair is
-    # asked the same
-    for tc_sum, byte_p in ((False, False), (True, False)) + (((True, True),) if qk != "plain" else ()):
-        listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n),
-                                     schedule=schedule, groups=groups, tc_sum=tc_sum, byte_p=byte_p, lazy=False)
-        dense = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, tc_sum=tc_sum, byte_p=byte_p,
-                                    lazy=False)
-        assert torch.equal(listed, dense), (tc_sum, byte_p)
+    listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n), groups=groups,
+                                 lazy=False)
+    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, groups=groups, lazy=False))
 
 
 @gpu
@@ -472,7 +407,7 @@ def test_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, schedule, 
 @pytest.mark.parametrize("qk", ["plain", "fp8", "int8"])
 def test_lists_over_keys_that_end_before_the_queries(qk, groups):
     """What the sparse stage hands over for HunyuanVideo: the text padding's keys dropped, so 870 keys for 1000
-    queries. Passed on the H200 (results 2026-12-05-h200-s20), so ``serves`` lets such lists run here too."""
+    queries: ``serves`` lets such lists run here."""
     B, H, SQ, SK, D = 1, 2, 1000, 870, 64
     q, k, v = _qkv(B, H, H, SQ, SK, D, seed=11)
     index, count, tokens = _random_lists(B, H, SQ, 64 * groups, seed=5, seq_k=SK)
@@ -504,44 +439,14 @@ def test_a_tree_of_maxima_changes_no_bit(qk):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("qk", ["fp8", "int8"])
-@pytest.mark.parametrize("D", [64, 128])
-def test_k_and_v_quantized_on_a_second_stream_give_the_same_bits(qk, D):
-    """``quantize``'s kv_stream: K and V quantized on another stream, the copies waited for by the launch that reads
-    them (``Quantized.ready``), dense and over lists; the same copies and outputs as on one stream, call after call
-    (the second call's copies overwrite the first's buffers while nothing waits on the host)."""
-    side = torch.cuda.Stream()
-    pool = {}
-
-    def buffers(shape, dtype, name):
-        return pool.setdefault((name, shape, dtype), torch.empty(shape, dtype=dtype, device="cuda"))
-
-    for seed in (43, 47):
-        q, k, v = _qkv(1, 4, 4, 1000, 1000, D, seed=seed)
-        one = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, sums=True)
-        expected = ha.hopper_attention(q, k, v, qk=qk, prepared=one)
-        two = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, buffers, sums=True, kv_stream=side)
-        assert one.kv_done is None and two.kv_done is not None
-        assert torch.equal(ha.hopper_attention(q, k, v, qk=qk, prepared=two, buffers=buffers), expected)
-        assert torch.equal(two.k.view(torch.uint8), one.k.view(torch.uint8)) and torch.equal(two.k_scale, one.k_scale)
-        assert torch.equal(two.vt.view(torch.uint8), one.vt.view(torch.uint8))
-    count = torch.full((1, 4, 8), 3, dtype=torch.int32, device="cuda")
-    index = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda").expand(1, 4, 8, 3).contiguous()
-    two = ha.quantize_for_schedule(q, k, v, qk, D ** -0.5, buffers, sums=True, kv_stream=side)
-    listed = ha.hopper_attention(q, k, v, qk=qk, prepared=two, buffers=buffers, kv_index=index, kv_count=count)
-    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count))
-
-
-@gpu
-@pytest.mark.gpu
 @pytest.mark.parametrize("D, groups", [(64, 2), (64, 3), (128, 2)])
 def test_int8_row_max_over_the_integers_changes_no_bit(D, groups):
     """The integers' max times the step's scale is the floats' max minus the offset, exactly (both under 2^22), so
     ``int_max`` on and off give the same bits: dense with a masked tail block and with keys a multiple of the
-    block, with and without the bytes, and over lists with an empty one (``_random_lists``)."""
-    for sk, byte_p in ((1077, None), (1024, None), (1077, False)):
+    block, and over lists with an empty one (``_random_lists``)."""
+    for sk in (1077, 1024):
         q, k, v = _qkv(2, 4, 2, 300, sk, D, seed=31)
-        outs = [ha.hopper_attention(q, k, v, qk="int8", groups=groups, byte_p=byte_p, int_max=on) for on in (False, True)]
+        outs = [ha.hopper_attention(q, k, v, qk="int8", groups=groups, int_max=on) for on in (False, True)]
         assert torch.equal(*outs) and outs[0].isfinite().all()
     q, k, v = _qkv(1, 2, 2, 1000, 1000, D, seed=37)
     index, count, _ = _random_lists(1, 2, 1000, 64 * groups, seed=7)
@@ -553,56 +458,23 @@ def test_int8_row_max_over_the_integers_changes_no_bit(D, groups):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("qk", ["fp8", "int8"])
-@pytest.mark.parametrize("groups", [2, 3])
-@pytest.mark.parametrize("narrow", [0, 1, 2])
-def test_every_p_carry_matches_reference(narrow, groups, qk):
-    """P across the loop as fp32, float16 or packed FP8 bytes (``narrow``), at either warpgroup count."""
-    q, k, v = _qkv(1, 4, 4, 1000, 1000, 64, seed=31)
-    out = torch.full_like(q, float("nan"))
-    ha.hopper_attention(q, k, v, qk=qk, out=out, groups=groups, narrow=narrow)
-    assert torch.isfinite(out).all()
-    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("schedule", [0, 3], ids=["schedule0", "schedule3"])
-@pytest.mark.parametrize("qk", ["fp8", "int8"])
-@pytest.mark.parametrize("shape, groups", [((1, 4, 4, 1000, 1000, 128), 2), ((2, 4, 2, 300, 77, 64), 3),
-                                           ((1, 2, 1, 256, 384, 64), 2)], ids=["odd-128", "gqa-cross-3", "even-64"])
-def test_p_bytes_without_exp2_match_reference(shape, groups, qk, schedule):
-    """P's FP8 bytes from one FMA instead of an exp2 (``byte_p``): every row written, within its bound of
-    exact attention, near the exp2's output (same quantized scores and row sums from the tensor cores), and
-    not the same output (the bytes did change)."""
-    q, k, v = _qkv(*shape, seed=sum(shape) + 37)
-    out = torch.full_like(q, float("nan"))
-    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule, groups=groups, byte_p=True)
-    assert torch.isfinite(out).all()
-    assert _rel(out, _reference(q, k, v)) < REL_L2[qk]
-    exp2 = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, tc_sum=True, narrow=2, byte_p=False)
-    assert 0 < _rel(out, exp2.double()) < REL_L2[qk]
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("qk", ["fp8", "int8"])
 @pytest.mark.parametrize("D, groups", [(64, 2), (64, 3), (128, 2)],
                          ids=["d64-128-rows", "d64-192-rows", "d128-128-rows"])
-def test_p_bytes_over_lists_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, D, groups):
-    """``byte_p`` over block lists: the expanded mask's attention, zeros for an empty list, and every block
-    listed giving dense's bits."""
+def test_8bit_lists_at_both_head_dims_equal_the_expanded_mask_and_all_blocks_equal_dense(qk, D, groups):
+    """The 8-bit modes (P's bytes from FMAs, their row sums from the tensor cores) over block lists: the expanded
+    mask's attention, zeros for an empty list, and every block listed giving dense's bits."""
     B, H, S = 1, 2, 1000
     rows = 64 * groups
     q, k, v = _qkv(B, H, H, S, S, D, seed=41)
     n_m, n = -(-S // rows), -(-S // 128)
     index, count, tokens = _random_lists(B, H, S, rows, seed=8)
-    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, byte_p=True)
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups)
     assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
     every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
     listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n), groups=groups,
-                                 byte_p=True, lazy=False)
-    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, groups=groups, byte_p=True, lazy=False))
+                                 lazy=False)
+    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, groups=groups, lazy=False))
 
 
 @gpu
@@ -704,17 +576,16 @@ def test_refuses_what_it_cannot_read():
         ha.hopper_attention(q, q, q, qk="plain", kv_index=lists[0], kv_count=lists[1], groups=3)
     with pytest.raises(ValueError, match="groups"):
         ha.hopper_attention(*(torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16),) * 3, groups=3)
-    with pytest.raises(ValueError, match="tc_sum"):
-        ha.hopper_attention(q, q, q, qk="plain", kv_index=lists[0], kv_count=lists[1], pin=True, tc_sum=True)
+    with pytest.raises(ValueError, match="plain mode only"):
+        ha.hopper_attention(q, q, q, qk="fp8", kv_index=lists[0], kv_count=lists[1], pin=True)
 
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", [0, 3], ids=["schedule0", "schedule3"])
 @pytest.mark.parametrize("qk", ["fp8", "int8", "plain"])
 @pytest.mark.parametrize("shape, groups", [((1, 4, 4, 1000, 1000, 128), 2), ((1, 4, 2, 1000, 1000, 64), 3),
                                            ((2, 4, 2, 300, 77, 64), 3)], ids=["d128", "d64-gqa-3", "cross-one-block"])
-def test_lazy_rescale_matches_reference_while_the_max_keeps_rising(shape, groups, qk, schedule):
+def test_lazy_rescale_matches_reference_while_the_max_keeps_rising(shape, groups, qk):
     """The output rescaled only where a row's max rose past ``LAZY_TAU`` (``lazy``; ``LAZY_TAU_PLAIN`` in plain
     mode), on keys whose scale grows along the sequence, so that the rows' maxima rise block after block, by more
     than the threshold or less (in plain mode the keys grow six-fold, so that some rows pass its 8 octaves):
@@ -730,11 +601,10 @@ def test_lazy_rescale_matches_reference_while_the_max_keeps_rising(shape, groups
     growth = 6.0 if qk == "plain" else 2.0
     k = k * torch.linspace(1.0, growth, k.shape[2], device="cuda", dtype=torch.bfloat16)[:, None]
     out = torch.full_like(q, float("nan"))
-    byte_p = qk != "plain"  # P's bytes in the 8-bit modes (their lazy rescale lives in the bytes' headroom)
-    ha.hopper_attention(q, k, v, qk=qk, out=out, schedule=schedule, groups=groups, byte_p=byte_p, lazy=True)
+    ha.hopper_attention(q, k, v, qk=qk, out=out, groups=groups, lazy=True)
     assert torch.isfinite(out).all()
     ref = _reference(q, k, v)
-    eager = ha.hopper_attention(q, k, v, qk=qk, schedule=schedule, groups=groups, byte_p=byte_p, lazy=False)
+    eager = ha.hopper_attention(q, k, v, qk=qk, groups=groups, lazy=False)
     assert _rel(eager, ref) < 1.5 * REL_L2[qk]
     assert _rel(out, ref) < (1.3 if qk == "plain" else 1.02) * _rel(eager, ref), (_rel(out, ref), _rel(eager, ref))
     row_err = ((out.double() - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
@@ -756,15 +626,13 @@ def test_lazy_rescale_over_lists_equals_the_expanded_mask_and_all_blocks_equal_d
     q, k, v = _qkv(B, H, H, S, S, D, seed=59)
     n_m, n = -(-S // rows), -(-S // 128)
     index, count, tokens = _random_lists(B, H, S, rows, seed=9)
-    byte_p = qk != "plain"
-    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, byte_p=byte_p,
-                              lazy=True)
+    out = ha.hopper_attention(q, k, v, qk=qk, kv_index=index, kv_count=count, groups=groups, lazy=True)
     assert _rel(out, _reference(q, k, v, tokens)) < REL_L2[qk]
     assert torch.equal(out[0, 0, rows:2 * rows], torch.zeros_like(out[0, 0, rows:2 * rows]))
     every = torch.arange(n, device="cuda", dtype=torch.int32).expand(B, H, n_m, n).contiguous()
     listed = ha.hopper_attention(q, k, v, qk=qk, kv_index=every, kv_count=torch.full_like(count, n), groups=groups,
-                                 byte_p=byte_p, lazy=True)
-    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, groups=groups, byte_p=byte_p, lazy=True))
+                                 lazy=True)
+    assert torch.equal(listed, ha.hopper_attention(q, k, v, qk=qk, groups=groups, lazy=True))
 
 
 @gpu

@@ -19,8 +19,7 @@ REL_L2 = {"fp8": 0.15, "int8": 0.10, "plain": 0.01}
 CFG = KernelConfig(32, 32, 4, 1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # on a GPU the tile sizes the tensor cores take, with pointer and tensor-descriptor loads, are checked too
-GPU_VARIANTS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 4, 2, tma=True),
-                KernelConfig(128, 128, 8, 3, tma=True, warp_specialize=True)]
+GPU_VARIANTS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 4, 2, tma=True), KernelConfig(128, 128, 8, 3, tma=True)]
 VARIANTS = [CFG] + (GPU_VARIANTS if DEVICE == "cuda" else [])
 MODES = ["fp8", "int8", "plain"]
 

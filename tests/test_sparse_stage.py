@@ -127,9 +127,11 @@ def test_the_gate_times_a_sparse_form_with_its_selection_at_self_sites():
     _forward(model, inputs, 900)
     by_site = {v.site: v for v in plan.chooser.verdicts.values()}
     plan.detach()
-    self_site, cross_site = by_site["blocks.1.attn1"], by_site["blocks.1.attn2"]
+    self_site, cross_site = by_site["blocks.0.attn1"], by_site["blocks.1.attn2"]
     assert [m.form for m in self_site.measured] == ["flex_sparse"]
     assert 0.9 < self_site.measured[0].cosine < 1.0  # measured against the host's dense output
+    # the next self site of the same shape reads that timing (selection included) instead of timing it again
+    assert [m.timed_at for m in by_site["blocks.1.attn1"].measured] == ["blocks.0.attn1"]
     cross = {r.form: r for r in cross_site.refusals}
     assert cross["flex_sparse"].kind == UNSUPPORTED and "cross-attention" in cross["flex_sparse"].detail
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..gate.verdict import NOT_ALLOWED, UNAVAILABLE
-from .report import PlanReport, SiteRecord
+from .report import LinearRecord, PlanReport
 
 
 def _bytes(n: int) -> str:
@@ -21,14 +21,15 @@ def _bytes(n: int) -> str:
     return f"{n:.1f} TiB"
 
 
-def _verdict_cells(site: SiteRecord) -> tuple[str, str, str, str, str]:
+def _verdict_cells(site) -> tuple[str, str, str, str, str]:
+    """A site's verdicts in five cells (attention and linear sites alike)."""
     if not site.verdicts:
         return "-", "-", "-", "-", ""
     parts = {"verdict": [], "ratio": [], "cos": [], "mem": [], "why": []}
     for v in site.verdicts:
         c = v.chosen if v.form else None
         parts["verdict"].append(f"{v.form or 'host'} ({v.source})")
-        parts["ratio"].append(f"{c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}]" if c else "-")
+        parts["ratio"].append(f"{c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}]\n{c.timing_text(v.site)}" if c else "-")
         parts["cos"].append(f"{c.cosine:.6f}" if c else "-")
         parts["mem"].append(f"+{_bytes(c.peak_bytes)} peak / {_bytes(c.resident_bytes)} held" if c else "-")
         # Refusals that hold for every site (form not available here, not allowed by the profile) are
@@ -36,6 +37,28 @@ def _verdict_cells(site: SiteRecord) -> tuple[str, str, str, str, str]:
         local = [r.text() for r in v.refusals if r.kind not in (UNAVAILABLE, NOT_ALLOWED)]
         parts["why"].append("; ".join(local) or v.note)
     return tuple("\n".join(parts[k]) for k in ("verdict", "ratio", "cos", "mem", "why"))
+
+
+def _linear_table(linear: LinearRecord, measured: bool) -> Table:
+    title = (f"linear sites: {_bytes(linear.bytes_before)} -> {_bytes(linear.bytes_now)} on the device "
+             f"(host weights of quantized sites kept on the {linear.keep_host})")
+    table = Table(title=title, show_lines=measured, expand=False)
+    for col in ("site", "role", "shape(s)", "serving", "calls", "fallbacks", "weights", "bytes before -> now"):
+        table.add_column(col, overflow="fold")
+    if measured:
+        for col in ("verdict", "ratio [min-max]", "cosine", "memory", "reasons"):
+            table.add_column(col, overflow="fold")
+    for s in linear.sites:
+        # a plan that measures says why in its verdict columns; a static one says it beside the route
+        hosted = "" if measured else "; ".join(f"host {c.calls}: {c.reason}" for c in s.routes
+                                               if c.route == "host" and c.reason)
+        row = [s.name, s.role, "\n".join(s.shapes) or "(not called)", s.serving + (f"\n{hosted}" if hosted else ""),
+               str(s.calls), str(sum(f.failures for f in s.failures)), s.weights,
+               f"{_bytes(s.bytes_before)} -> {_bytes(s.bytes_now)}"]
+        if measured:
+            row += list(_verdict_cells(s))
+        table.add_row(*row)
+    return table
 
 
 def explain(report: PlanReport, width: int = 220) -> str:
@@ -58,6 +81,8 @@ def explain(report: PlanReport, width: int = 220) -> str:
         table.add_row(*row)
     console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
     console.print(table)
+    if report.linear is not None:
+        console.print(_linear_table(report.linear, bool(report.profile)))
     lines = []
     if compiled:
         lines.append("compiled: the routes torch.compile traced into graphs, per trace; calls served inside compiled "

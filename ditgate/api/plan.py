@@ -6,7 +6,8 @@ measures: the first forward of each denoiser (or the caller's ``calibrate`` call
 site on its real inputs while the host serves the calls, then a whole-model check confirms the routes.
 ``measure=False`` skips measurement: the first usable form of the caller's ``forms`` (or of the
 documented exact priority) serves each call. ``plan.detach()`` puts back the original processor
-objects: the model is then exactly as it was.
+objects: the model is then exactly as it was. ``linear=...`` routes the denoisers' ``nn.Linear`` sites too
+(``api.linear``): 8-bit forms gated per site beside attention, the host's weights restored on detach.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from .. import __version__
 from ..forms import EXACT_PRIORITY, Form, Precision, check_form_names, create_forms, form_info
+from ..forms.linear import create_linear_forms
 from ..gate import (
     GateChooser,
     Profile,
@@ -34,14 +36,22 @@ from ..gate import (
     resolve_profile,
     whole_model_check,
 )
+from ..gate.agree import RankAgreement
+from ..gate.book import TimingBook
+from ..gate.cache import TimingCache
 from ..gate.chooser import CALIBRATING, LIVE
+from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linear_setting
+from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
 from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_routed, model_output, plan_interception,
                      routed_processor)
-from ..router import HOST, ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from ..hosts.parallel import parallel_records
+from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
+from ..router.linear import StaticLinearChooser
 from ..sparse.padding import PaddingKeys
 from ..sparse.stage import SparseSetting, SparseStage
 from .explain import explain as render_explain
+from .linear import LinearPart, serving_route
 from .report import PlanReport, SiteRecord, SkippedModule, SparseRecord
 
 logger = logging.getLogger("ditgate")
@@ -75,7 +85,7 @@ class Plan:
 
     def __init__(self, target: object, denoisers: list[tuple[str, torch.nn.Module]], forms: dict[str, Form],
                  chooser, mode: str, profile: Profile | None, order: tuple[str, ...],
-                 on_route: Callable[[RouteEvent], None] | None) -> None:
+                 on_route: Callable[[RouteEvent], None] | None, progress: bool | None = None) -> None:
         self.target = target
         self.denoisers = denoisers
         self.forms = forms
@@ -89,10 +99,14 @@ class Plan:
         self._hooks: list = []
         self._whole: list[WholeModelCheck] = []
         self._calibrated: set[str] = set()
+        self._measured: set[str] = set()  # denoisers measured on a forward, their whole-model check still to run
         self._captured: dict[str, tuple[tuple, dict]] = {}
         self._checking = False
         self._detached = False
+        self._progress_bar = progress  # None: a bar on a terminal, log lines elsewhere
+        self._progress: CalibrationProgress | None = None
         self.device = _device_of(denoisers[0][1])
+        self.linear: LinearPart | None = None  # the linear sites, with attach(..., linear=...)
 
     # --- attaching -----------------------------------------------------------------------------------
     def _install(self) -> None:
@@ -120,6 +134,14 @@ class Plan:
         for name, model in self.denoisers:
             self._hooks += stage.install(name, model, self._paths_of(name))
 
+    def _install_linear(self, setting: LinearSetting, chooser) -> None:
+        measuring = not isinstance(chooser, StaticLinearChooser)
+        self.linear = LinearPart(setting, chooser.forms if measuring else create_linear_forms(setting.forms),
+                                 chooser, self.context, measuring)
+        self.linear.install(self.denoisers)
+        if not measuring:
+            self.linear.settle_static()
+
     def _paths_of(self, name: str) -> list[str]:
         """The routed attention modules' paths of the denoiser ``name``."""
         return [a.router.found.path for a in self._attached
@@ -134,33 +156,63 @@ class Plan:
         return f"{name}." if name else ""
 
     def _install_live_calibration(self) -> None:
-        """Calibrate on each denoiser's first real forward, then run its whole-model check. That forward runs
-        eagerly even under a torch.compile wrapper (``EagerForward``: measuring never happens in a graph)."""
+        """Calibrate on each denoiser's first real forward, then run its whole-model check (in a forward hook, after
+        the forward's own). That forward runs eagerly even under a torch.compile wrapper (``EagerForward``:
+        measuring never happens in a graph); where the hook ran inside a graph, the check runs at the start of the
+        next forward instead."""
         for name, model in self.denoisers:
-            mine: list[EagerForward] = []
+            handles: list = []
 
-            def around(args, kwargs, run, name=name, model=model, mine=mine):
+            def finish(name=name, model=model, handles=handles) -> None:
+                self._measured.discard(name)
+                self._finish_calibration(name, model)
+                for h in handles:
+                    h.remove()
+
+            def around(args, kwargs, run, name=name, model=model, finish=finish):
+                if name in self._measured:  # measured on a forward whose hooks ran in a graph
+                    finish()
                 if self._checking or name in self._calibrated:
                     return run()
                 self._read_layouts(name, model, args, kwargs)
                 self._captured[name] = (args, kwargs)
+                self._start_progress(name, self._site_count(name))
                 self.chooser.mode = CALIBRATING
                 try:
-                    out = run()
+                    return run()
                 finally:
                     self.chooser.mode = LIVE
-                self._finish_calibration(name, model)
-                mine[0].remove()
-                return out
+                    self._end_progress()
+                    self._measured.add(name)
 
-            mine.append(EagerForward(model, around))
-            self._hooks += mine
+            def post(module, args, kwargs, output, name=name, finish=finish):
+                if name in self._measured and not torch.compiler.is_compiling():
+                    finish()
+
+            handles += [EagerForward(model, around), model.register_forward_hook(post, with_kwargs=True)]
+            self._hooks += handles
 
     def _read_layouts(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """The padding reader's layouts of a forward about to be measured: its pre-hook reads nothing inside a
         compiled graph, and a compiled wrapper may have started this forward (``EagerForward`` runs it eagerly)."""
         if self.context.padding is not None:
             self.context.padding.read(name, model, args, kwargs)
+
+    def _site_count(self, name: str | None) -> int:
+        """The sites known so far (of denoiser ``name``, or of all): a module's later calls add sites as they come."""
+        paths = [a.router.found.path for a in self._attached for _ in a.router.sites]
+        paths += [r.name for r in self.linear.routers] if self.linear is not None else []
+        return sum(1 for p in paths if name is None or p == name or p.startswith(self._prefix(name)))
+
+    def _start_progress(self, label: str, total: int) -> None:
+        self._progress = CalibrationProgress(label, total, self.chooser.book, bar=self._progress_bar)
+        self.chooser.progress = self._progress.site_done
+
+    def _end_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        self._progress = None
+        self.chooser.progress = None
 
     def _finish_calibration(self, name: str, model: torch.nn.Module) -> None:
         self._calibrated.add(name)
@@ -181,7 +233,10 @@ class Plan:
             if self.context.sparse is not None:
                 self.context.sparse.checking = False
         self._whole.append(check)
+        self.chooser.book.flush()
         self._release_losers()
+        if self.linear is not None:
+            self.linear.settle(self.chooser.verdicts)
 
     def _release_losers(self) -> None:
         chosen = {v.form for v in self.chooser.verdicts.values() if v.form}
@@ -213,12 +268,14 @@ class Plan:
 
         eager = [EagerForward(model, functools.partial(around, name=name, model=model))
                  for name, model in self.denoisers]
+        self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING
         try:
             try:
                 fn()
             finally:
                 self.chooser.mode = LIVE
+                self._end_progress()
                 for h in capture_handles:
                     h.remove()
             for name, model in self.denoisers:
@@ -241,14 +298,8 @@ class Plan:
             for index in sorted(att.router.sites):
                 s = att.router.sites[index]
                 counts = s.ledger.route_counts()
-                live = [c for c in counts if c.reason != "calibrating"]
-                serving = "-"
-                if live:
-                    top = max(live, key=lambda c: c.calls)
-                    serving = top.route
-                elif counts:
-                    serving = HOST
-                elif s.ledger.traces:  # served inside compiled graphs only: what they were traced with
+                serving = serving_route(counts)
+                if serving == "-" and s.ledger.traces:  # served inside compiled graphs only: what they traced
                     serving = s.ledger.trace_counts()[0].route
                 sites.append(SiteRecord(
                     name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
@@ -268,6 +319,8 @@ class Plan:
             environment=environment(self.device),
             detached=self._detached,
             sparse=SparseRecord(*self.context.sparse.describe()) if self.context.sparse is not None else None,
+            linear=self.linear.record(self.chooser.verdicts if isinstance(self.chooser, GateChooser) else {})
+            if self.linear is not None else None,
         )
 
     def explain(self) -> str:
@@ -278,7 +331,7 @@ class Plan:
             raise RuntimeError("a plan made with measure=False has no verdicts; use plan.report().save(path)")
         return Receipt(environment=environment(self.device), models=_models_info(self.denoisers),
                        profile=self.profile, verdicts=tuple(self.chooser.verdicts.values()),
-                       whole_model=tuple(self._whole), created=now())
+                       whole_model=tuple(self._whole), created=now(), parallel=parallel_records(self.denoisers))
 
     def save(self, path: str | Path) -> Path:
         """Write the receipt (environment, profile, every verdict, content hash) to ``path``."""
@@ -299,6 +352,11 @@ class Plan:
                                att.router.found.path)
         for form in self.forms.values():
             form.release()
+        if isinstance(self.chooser, GateChooser):
+            self.chooser.book.flush()  # what shapes first seen after calibration measured
+        self._end_progress()
+        if self.linear is not None:
+            self.linear.detach()
         self._captured.clear()
         self._detached = True
 
@@ -335,6 +393,10 @@ def attach(
     on_route: Callable[[RouteEvent], None] | None = None,
     extra_forms: Sequence[Form] = (),
     sparse: SparseSetting | None = None,
+    linear: bool | Sequence[str] | LinearSetting | None = None,
+    timing_cache: bool | str | Path = True,
+    calibration_budget_s: float | None = None,
+    progress: bool | None = None,
 ) -> Plan:
     """Route the attention of ``target`` (a diffusers pipeline or a model) through ditgate.
 
@@ -349,9 +411,20 @@ def attach(
     sparse: a ``SparseSetting``: the block-sparse forms it names become candidates (bounded error, so
         the profile must allow bounded forms), selections follow its pattern and budget schedule, and
         the gate measures them against the host at each self-attention site and shape.
+    linear: route the denoisers' ``nn.Linear`` sites too: True (every linear form), linear form names
+        (``"fp8_linear"``, ``"int8_linear"``) or a ``LinearSetting`` (forms, roles, where the host weights wait,
+        floors). Bounded-error: the profile must allow bounded forms (the quality profile never quantizes a linear).
+        Measured, each site keeps the form that wins on its live input (speed timed once per shape key); static
+        (``measure=False``), each per-token site takes the first form whose envelope serves it.
+    timing_cache: True (the default file, ``gate.cache.default_cache_path()``), a path, or False: timings
+        measured in an earlier process with the same environment are reused, so only accuracy is measured.
+    calibration_budget_s: a cap on the seconds spent measuring; a site reached after it takes the verdict
+        another site reached for its shape key (saying so), or the host.
+    progress: calibration progress as a bar (True), as log lines (False), or a bar on a terminal only (None).
     """
     if sparse is not None and not isinstance(sparse, SparseSetting):
         raise TypeError(f"sparse must be a SparseSetting, not {type(sparse).__name__}")
+    linear_set = linear_setting(linear)
     if on_mismatch not in ("refuse", "measure"):
         raise ValueError(f"on_mismatch must be 'refuse' or 'measure', not {on_mismatch!r}")
     denoisers = denoisers_of(target)
@@ -367,7 +440,8 @@ def attach(
     loaded: Receipt | None = None
     if receipt is not None:
         loaded = receipt if isinstance(receipt, Receipt) else load_receipt(receipt)
-        diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers))
+        diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers),
+                                         parallel_records(denoisers))
         if diffs and on_mismatch == "refuse":
             raise ReceiptMismatchError(diffs)
         if diffs:
@@ -383,23 +457,36 @@ def attach(
         plan._install()
         if sparse is not None:
             plan._install_sparse(sparse)
+        if linear_set is not None:
+            plan._install_linear(linear_set, StaticLinearChooser({}))
         return plan
     prof = loaded.profile if loaded is not None else resolve_profile(profile, forms, min_speedup, extra_names)
     if sparse is not None and Precision.BOUNDED not in prof.precisions:
         raise ValueError(f"sparse attention is bounded-error; profile {prof.name!r} allows exact forms only "
                          "(use profile='balanced' or 'speed', or a Profile that allows bounded forms)")
+    device = _device_of(denoisers[0][1])
+    cache = None
+    if timing_cache is not False and timing_cache is not None:
+        cache = TimingCache(None if timing_cache is True else timing_cache)
+    floors = linear_floors(prof, linear_set) if linear_set is not None else None
     chooser = GateChooser(prof, all_forms, on_new_shape=on_new_shape,
-                          sparse_forms=sparse.forms if sparse is not None else ())
+                          sparse_forms=sparse.forms if sparse is not None else (),
+                          book=TimingBook(cache, environment(device)), budget_s=calibration_budget_s)
+    chooser.agreement = RankAgreement(denoisers)
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
-                tuple(chooser.candidates()), on_route)
+                tuple(chooser.candidates()), on_route, progress)
     plan._install()
     if sparse is not None:
         plan._install_sparse(sparse)
+    if linear_set is not None:
+        plan._install_linear(linear_set, LinearGateChooser(chooser, create_linear_forms(), linear_set, floors))
     if loaded is not None:
         for v in loaded.verdicts:
             chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")
         plan._whole = list(loaded.whole_model)
         plan._calibrated = {name for name, _ in denoisers}
+        if plan.linear is not None:
+            plan.linear.settle(chooser.verdicts)
     elif calibrate is not None:
         plan.calibrate(calibrate)
     else:

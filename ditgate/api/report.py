@@ -47,6 +47,33 @@ class SparseRecord:
 
 
 @dataclass(frozen=True)
+class LinearSiteRecord:
+    """One linear site: what served its calls, its verdicts, and the bytes it holds on its device before and after."""
+
+    name: str
+    role: str
+    shapes: tuple[str, ...]
+    calls: int
+    serving: str
+    routes: tuple[RouteCount, ...]
+    failures: tuple[FailureCount, ...]
+    verdicts: tuple[Verdict, ...]
+    weights: str  # the form whose 8-bit weights the module holds, or "host"
+    bytes_before: int  # weight and bias on the module's device at attach
+    bytes_now: int  # what the site holds there now (8-bit weights and scales, bias, the host weight if still there)
+
+
+@dataclass(frozen=True)
+class LinearRecord:
+    """The linear sites of a plan, and their resident bytes in all."""
+
+    keep_host: str  # where a quantized site's host weight waits for detach: "cpu" (pinned) or "device"
+    sites: tuple[LinearSiteRecord, ...]
+    bytes_before: int
+    bytes_now: int
+
+
+@dataclass(frozen=True)
 class PlanReport:
     ditgate_version: str
     mode: str  # "measured" | "static" | "receipt"
@@ -59,6 +86,7 @@ class PlanReport:
     environment: dict
     detached: bool
     sparse: SparseRecord | None = None
+    linear: LinearRecord | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -57,6 +57,11 @@ def add_bench_parsers(sub) -> None:
                    help="also the stock model and every ditgate row under torch.compile, each on its own copy of the "
                         "model, compile time as cold ms (modes: default, reduce-overhead, max-autotune: CUDA graph "
                         "trees; none named: default)")
+    m.add_argument("--linear", action="store_true",
+                   help="beside each row of a bounded profile (balanced, speed; sparse rows too), the same row with the "
+                        "denoiser's linear sites routed (8-bit W8A8 forms, gated per site)")
+    m.add_argument("--linear-forms", nargs="+", default=None, metavar="FORM",
+                   help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear)")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
@@ -65,6 +70,19 @@ def add_bench_parsers(sub) -> None:
     from .bench_overhead import add_overhead_parser
 
     add_overhead_parser(bsub)
+    c = bsub.add_parser("calibration", help="what calibration costs, in seconds and stock forwards, per profile")
+    c.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model configuration")
+    c.add_argument("--layers", type=int, default=None, metavar="N", help="cut each stack of blocks to its first N")
+    c.add_argument("--profiles", nargs="+", default=["quality", "speed"], help="ditgate profiles")
+    c.add_argument("--sparse", type=float, default=None, metavar="BUDGET",
+                   help="also each bounded profile with the sparse stage at this budget")
+    c.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
+    c.add_argument("--per-site", action="store_true",
+                   help="also the per-site gate of before on the same inputs, and the forms each gate chose")
+    c.add_argument("--second-process", action="store_true",
+                   help="also a new process that attaches with the timing cache the first calibration wrote")
+    _common(c)
+    c.set_defaults(func=_run_calibration)
 
     listing = bsub.add_parser("presets", help="the model presets bench model takes: class and what each holds")
     listing.set_defaults(func=_list_presets)
@@ -148,7 +166,7 @@ def _run_model(args) -> int:
     device, dtype, out = _setup(args)
     preset = get_preset(args.preset)
     try:
-        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static)
+        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static, _linear_setting(args))
         if args.layers is not None:
             if args.weights:
                 raise ValueError("--layers cuts the preset's random-weights model; --weights loads a folder as saved")
@@ -178,6 +196,63 @@ def _run_model(args) -> int:
         if ";" in r.detail:
             console.print(f"{r.name}: {r.detail.split('; ', 1)[1]}")
     return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")
+
+
+def _run_calibration(args) -> int:
+    import dataclasses
+    import json
+
+    from rich.table import Table
+
+    from ..models.presets import get_preset
+    from .bench_calibration import bench_calibration, write_plot
+
+    console = Console(width=max(Console().width, 150))
+    device, dtype, out = _setup(args)
+    preset = get_preset(args.preset)
+    if args.layers is not None:
+        preset = preset.with_layers(args.layers)
+    out.mkdir(parents=True, exist_ok=True)
+    with _progress(console) as prog:
+        task = prog.add_task("calibration", total=None)
+        runs, comparisons = bench_calibration(preset, device, dtype, args, out,
+                                              progress=lambda text: prog.update(task, description=text))
+    title = f"ditgate bench calibration {preset.name} ({device.type}, {_dtype_name(dtype)})"
+    table = Table(title=title)
+    for col in ("row", "seconds", "stock forwards", "sites", "timings made", "cache hits", "whole-check forwards"):
+        table.add_column(col, justify="left" if col == "row" else "right")
+    for r in runs:
+        table.add_row(r.row, f"{r.seconds:.2f}", f"{r.forwards:.1f}", str(r.sites), str(r.timings), str(r.cache_hits),
+                      str(r.whole_forwards))
+    console.print(table)
+    for r in runs:
+        if r.first_call_s:
+            console.print(f"{r.row}: first calls (compiles, loads) " + ", ".join(
+                f"{form} {sec:.2f} s" for form, sec in sorted(r.first_call_s.items(), key=lambda kv: -kv[1])))
+    for comp in comparisons:
+        differ = [s for s in comp["sites"] if s["per_site"] != s["shared"]]
+        console.print(f"{comp['row']}: the per-site and the shared gate chose the same form at "
+                      f"{len(comp['sites']) - len(differ)} of {len(comp['sites'])} (site, shape) pairs")
+        for s in differ:
+            console.print(f"  differs: {s['site']}: per-site {s['per_site']}, shared {s['shared']}")
+    stem = out / f"bench-calibration-{preset.name}"
+    command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    stem.with_suffix(".json").write_text(json.dumps(
+        {"command": command, "runs": [dataclasses.asdict(r) for r in runs], "comparisons": comparisons}, indent=1))
+    png = write_plot(stem.with_suffix(".png"), title, runs)
+    console.print(f"JSON: {stem.with_suffix('.json')}" + (f"  PNG: {png}" if png else ""))
+    return 0
+
+
+def _linear_setting(args):
+    """The linear setting from ``--linear`` / ``--linear-forms``, or None; ValueError on bad values."""
+    from ..gate.linear import LinearSetting
+
+    if not args.linear:
+        if args.linear_forms:
+            raise ValueError("--linear-forms needs --linear")
+        return None
+    return LinearSetting(forms=tuple(args.linear_forms) if args.linear_forms else None)
 
 
 def _sparse_setting(args):

@@ -12,6 +12,7 @@ from the receipt its calibration wrote (no measuring) and detaches after, counti
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections import Counter
@@ -23,6 +24,8 @@ import torch
 from .. import Plan, attach
 from ..forms import SPARSE_PRIORITY, Precision
 from ..gate import Receipt, compare, resolve_profile
+from ..gate.linear import LinearSetting
+from ..hosts.linear_weights import tensor_bytes
 from ..hosts import model_output
 from ..models.presets import ModelPreset
 from ..sparse.stage import SparseSetting
@@ -49,6 +52,7 @@ class _Config:
     reason: str = ""
     served: Counter | None = None  # a ditgate row's sites per the route that served them most
     busy: GpuBusy | str | None = None  # the GPU's share of one pass, or why it was not measured
+    weight_bytes: int | None = None  # the denoiser's weights on the device while the row runs
 
 
 def _sync(device: torch.device) -> None:
@@ -142,6 +146,7 @@ class DitgateRow:
     profile: str | None = None
     sparse: SparseSetting | None = None
     static_form: str | None = None
+    linear: LinearSetting | None = None  # the row routes the linear sites too (``attach(..., linear=...)``)
 
     @property
     def name(self) -> str:
@@ -151,15 +156,32 @@ class DitgateRow:
         if self.static_form is not None:
             return attach(model, forms=[self.static_form], measure=False, sparse=self.sparse)
         if receipt is not None:
-            return attach(model, receipt=receipt, on_new_shape="host", sparse=self.sparse)
-        return attach(model, profile=self.profile, sparse=self.sparse)
+            return attach(model, receipt=receipt, on_new_shape="host", sparse=self.sparse, linear=self.linear)
+        # no timing cache: each run's cold pass is a first calibration (``bench calibration`` times a second one)
+        return attach(model, profile=self.profile, sparse=self.sparse, timing_cache=False, progress=False,
+                      linear=self.linear)
 
 
 def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
-                 static_forms: Sequence[str] = ()) -> list[DitgateRow]:
+                 static_forms: Sequence[str] = (), linear: LinearSetting | None = None) -> list[DitgateRow]:
     """A row per profile; with ``sparse``, one more per profile that allows bounded forms (the sparse forms
-    are bounded-error) and one per ``static_forms``. Raises ValueError where a sparse row was asked for and
-    none can be made, before any model is built."""
+    are bounded-error) and one per ``static_forms``; with ``linear``, beside each measured row of a profile that
+    allows bounded forms, the same row with the linear sites routed too ("... +linear"). Raises ValueError where a
+    sparse or linear row was asked for and none can be made, before any model is built."""
+    rows = _sparse_rows(profiles, sparse, static_forms)
+    if linear is None:
+        return rows
+    twins = [dataclasses.replace(r, key=f"{r.key} +linear", linear=linear) for r in rows
+             if r.static_form is None and r.profile != "quality"
+             and Precision.BOUNDED in resolve_profile(r.profile).precisions]
+    if not twins:
+        raise ValueError(f"linear forms are bounded-error; none of the profiles {list(profiles)} allows them "
+                         "(add balanced or speed)")
+    return [r for row in rows for r in (row, *[t for t in twins if t.key == f"{row.key} +linear"])]
+
+
+def _sparse_rows(profiles: Sequence[str], sparse: SparseSetting | None,
+                 static_forms: Sequence[str]) -> list[DitgateRow]:
     rows = [DitgateRow(prof, profile=prof) for prof in profiles]
     if sparse is None:
         if static_forms:
@@ -205,14 +227,40 @@ def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.de
 
     def enter():
         holder["plan"] = row.attach(model, receipt)
+        cfg.weight_bytes = device_weight_bytes(model, device, holder["plan"])
 
     def leave():
         plan = holder.pop("plan")
-        cfg.served = Counter(s.serving for s in plan.report().sites if s.calls)
+        report = plan.report()
+        cfg.served = Counter(s.serving for s in report.sites if s.calls)
+        if report.linear is not None:  # linear sites, counted apart: "linear int8_linear 20, linear host 6"
+            cfg.served += Counter(f"linear {s.serving}" for s in report.linear.sites if s.calls)
         plan.detach()
 
     cfg.enter, cfg.leave = enter, leave
     return cfg
+
+
+def device_weight_bytes(model: torch.nn.Module, device: torch.device, plan: Plan | None = None) -> int:
+    """Bytes of the denoiser's weights on ``device``: its parameters and buffers there (a quantized site's 8-bit
+    weights and scales, not its stand-in), plus host weights a plan keeps there beside them (``keep_host="device"``).
+    On a CPU the held copies are in the same memory but not counted: the figure is what the module holds."""
+    tensors = [*model.parameters(), *model.buffers()]
+    total = sum(tensor_bytes(t) for t in tensors if t.device.type == device.type)
+    if plan is not None and plan.linear is not None:
+        total += sum(tensor_bytes(r.custody.original) for r in plan.linear.routers
+                     if r.custody.released_to == "device" and r.custody.original.device.type == device.type)
+    return total
+
+
+def _weights_text(cfg: _Config, stock: _Config | None) -> str:
+    """"; weights 2.61 GiB (0.55x stock)": the denoiser's resident weights while the row ran."""
+    if cfg.weight_bytes is None:
+        return ""
+    ratio = f" ({cfg.weight_bytes / stock.weight_bytes:.2f}x stock)" if stock and stock.weight_bytes else ""
+    n = cfg.weight_bytes
+    size = f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+    return f"; weights {size}{ratio}"
 
 
 def _busy(model, inputs: dict, device: torch.device) -> GpuBusy | str:
@@ -230,6 +278,14 @@ def _busy_text(busy: GpuBusy | str | None) -> str:
     if busy is None:
         return ""
     return "; " + (busy.text() if isinstance(busy, GpuBusy) else f"GPU busy not measured: {busy}")
+
+
+def _calibration_text(cfg: _Config, native: _Config | None) -> str:
+    """"; calibration 4.1 s = 6.5 forwards": a ditgate row's cold pass (attach, the calibrating forward and the
+    whole-model check) over one warm stock forward."""
+    if cfg.kind != "ditgate" or cfg.cold_ms is None or native is None:
+        return ""
+    return f"; calibration {cfg.cold_ms / 1e3:.1f} s = {cfg.cold_ms / statistics.median(native.samples):.1f} forwards"
 
 
 def _served_text(served: Counter | None) -> str:
@@ -257,6 +313,8 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
     for r, inputs, cfg in interleaved(preset, model, device, dtype, configs, rounds, progress):
         try:
             cfg.enter()
+            if cfg.kind == "stock":
+                cfg.weight_bytes = device_weight_bytes(model, device)
             try:
                 if r == 0:  # a warm-up pass for this row (kernel loads, compiles)
                     t_cold, _, _ = _timed_forward(model, inputs, device, 1)
@@ -285,5 +343,6 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              cfg.cold_ms, None, statistics.median(native.samples) / med if native else None,
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
-                             detail=f"{len(cfg.samples)} rounds" + _served_text(cfg.served) + _busy_text(cfg.busy)))
+                             detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native) + _weights_text(cfg, native)
+                             + _served_text(cfg.served) + _busy_text(cfg.busy), weight_bytes=cfg.weight_bytes))
     return rows, {"explain": explains, "receipts": {p: r.to_json() for p, r in receipts.items()}}

@@ -33,6 +33,7 @@ class BenchRow:
     psnr_db: float | None
     peak_gib: float | None
     detail: str = ""
+    weight_bytes: int | None = None  # bench model: the denoiser's weights resident on the device during the row
 
     @classmethod
     def not_run(cls, group: str, name: str, kind: str, status: str, reason: str,
@@ -50,13 +51,14 @@ def fmt(x: float | None, spec: str) -> str:
 def print_table(console: Console, title: str, rows: Sequence[BenchRow]) -> None:
     table = Table(title=title)
     for col in ("group", "row", "status", "warm ms [min-max]", "cold ms", "TFLOP/s", "x baseline", "cosine",
-                "PSNR dB", "peak GiB"):
+                "PSNR dB", "peak GiB", "weights GiB"):
         table.add_column(col, overflow="fold")
     for r in rows:
         warm = "-" if r.warm_ms is None else f"{r.warm_ms:.3f} [{r.warm_min_ms:.3f}-{r.warm_max_ms:.3f}]"
         status = r.status if r.status == "ok" else escape(f"{r.status}: {r.reason}")
         table.add_row(r.group, r.name, status, warm, fmt(r.cold_ms, ".1f"), fmt(r.tflops, ".0f"),
-                      fmt(r.ratio, ".3f"), fmt(r.cosine, ".6f"), fmt(r.psnr_db, ".1f"), fmt(r.peak_gib, ".2f"))
+                      fmt(r.ratio, ".3f"), fmt(r.cosine, ".6f"), fmt(r.psnr_db, ".1f"), fmt(r.peak_gib, ".2f"),
+                      fmt(r.weight_bytes / 2**30 if r.weight_bytes is not None else None, ".3f"))
     console.print(table)
 
 

@@ -48,7 +48,11 @@ def _run_demo(args) -> int:
         from ..sparse.stage import SparseSetting
 
         try:
-            sparse = SparseSetting(BudgetSchedule(args.sparse, dense_steps=0, dense_layers=0), block=args.sparse_block)
+            from ..forms import SPARSE_PRIORITY
+
+            # every consumer, the compiled flex one too: on a CPU it is the only one that runs
+            sparse = SparseSetting(BudgetSchedule(args.sparse, dense_steps=0, dense_layers=0), block=args.sparse_block,
+                                   forms=SPARSE_PRIORITY)
         except ValueError as exc:
             print(f"ditgate demo: {exc}", file=sys.stderr)
             return 2

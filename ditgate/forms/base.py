@@ -133,6 +133,10 @@ class FormSpec:
     equal_head_dims: bool = True  # value head dim must equal query head dim
     package: str | None = None  # the distribution whose version a receipt records
     error_bound: str | None = None  # for bounded forms: the declared envelope of the error
+    # compiles a kernel for every new shape on its first call (seconds each): the gate measures it only where the
+    # caller names it, so that calibration does not pay a compile per shape key for a form that has not won on
+    # the GPUs measured (compiled flex trails cuDNN and flash-attn-4 at every shape of DESIGN.md's anchors)
+    compiles_per_shape: bool = False
 
     @property
     def takes_selection(self) -> bool:
@@ -219,15 +223,9 @@ class PooledTiles:
     prepared: object  # back to the form as ``AttentionInputs.prepared``
 
 
-class Form:
-    """One executable attention implementation.
-
-    Subclasses set ``spec``, implement ``_probe`` (import and hardware checks, run once per form
-    instance) and ``run``. Instances are made per ``Plan`` (see ``registry.create_forms``) so that any
-    compiled callable or workspace a form holds lives and dies with that plan.
-    """
-
-    spec: FormSpec
+class Probed:
+    """What every form, attention or linear, declares: a ``spec`` (with ``name`` and ``precision``) and an
+    availability probe (``_probe``: import and hardware checks), run once per instance, that never raises."""
 
     def __init__(self) -> None:
         self._availability: Availability | None = None
@@ -250,6 +248,17 @@ class Form:
 
     def _probe(self) -> Availability:
         raise NotImplementedError
+
+
+class Form(Probed):
+    """One executable attention implementation.
+
+    Subclasses set ``spec``, implement ``_probe`` (import and hardware checks, run once per form
+    instance) and ``run``. Instances are made per ``Plan`` (see ``registry.create_forms``) so that any
+    compiled callable or workspace a form holds lives and dies with that plan.
+    """
+
+    spec: FormSpec
 
     def not_supported_reasons(self, call: AttentionCall) -> list[str]:
         avail = self.availability()
@@ -284,6 +293,16 @@ class Form:
         trace (a kernel launch with host-side state, a library's own dispatch) serves it through a
         ``torch.library`` custom op with a fake implementation (``forms.ops``), opaque to the compiler."""
         return self.run(inputs)
+
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention (as ``run``) and each query row's log-sum-exp of its scaled scores (B, H, Sq; float32): what a
+        caller that merges partial results over chunks of the keys needs (diffusers' ring attention). A form whose
+        kernel does not give it keeps this default, and ``returns_lse`` says so."""
+        raise NotImplementedError(f"{self.name} returns no log-sum-exp")
+
+    @property
+    def returns_lse(self) -> bool:
+        return type(self).run_lse is not Form.run_lse
 
     def resident_bytes(self) -> int:
         """Device memory this form holds between calls (workspaces, quantized copies)."""

@@ -27,6 +27,7 @@ class FlexCompiled(Form):
         head_dims=frozenset({16, 32, 64, 128, 256}),
         causal=False,
         package="torch",
+        compiles_per_shape=True,
     )
 
     max_shapes = 64

@@ -171,6 +171,29 @@ def _(q, k, v, scale, kv_index, kv_count, block_m, block_n, factor):
     return bshd_storage(q, v.shape[3])
 
 
+@torch.library.custom_op("ditgate::fa3_fp8", mutates_args=())
+def fa3_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, causal: bool) -> torch.Tensor:
+    """FlashAttention-3's FP8 kernel over ditgate's per-head e4m3 copies (``fa3.fp8_attention``), B, H, S, D."""
+    def run():
+        import fa3_fwd_interface  # noqa: F401  (registers torch.ops.fa3_fwd)
+
+        from ..kernels.fp8_heads import quantize_heads
+        from .fa3 import fp8_attention
+
+        def attend(q8, k8, v8, scale, causal, descale):
+            return torch.ops.fa3_fwd.fwd(q8, k8, v8, q_descale=descale[0], k_descale=descale[1],
+                                         v_descale=descale[2], softmax_scale=scale, is_causal=causal, num_splits=1)[0]
+
+        return fp8_attention(quantize_heads, attend, q, k, v, scale, causal)
+
+    return _served("FlashAttention-3 FP8", run, q, k, v, scale, causal)
+
+
+@fa3_fp8.register_fake
+def _(q, k, v, scale, causal):
+    return bshd_storage(q, v.shape[3])
+
+
 # --- sageattention ------------------------------------------------------------------------------------------------
 def sage_bhsd(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
               causal: bool) -> torch.Tensor:

@@ -44,16 +44,6 @@ class _QuantForm(Form):
         self._kernel = None
         self._hopper = None  # the warp-specialized schedule (kernels.hopper_attention), where it serves
         self._pool = None
-        # when pooling for the selector on Hopper, quantize K and V on a second stream, beside the selection that
-        # follows on the caller's (``pool_for_selection``); the same bits. Off: the selection's small kernels do not
-        # run under K's and V's quantization, which fills the GPU (one call's timeline, benchmarks/results/
-        # 2026-12-04-h200-s17, calls a-c), and on a stream of the highest priority they did but slowed it as much,
-        # both passes being bound by memory bandwidth (call f). The FP8 call at budget 0.3, four interleaved rounds
-        # (fixed_costs.py --whole-only): in s16's call g two streams won by 0.6-0.8 % in median (2.821 against 2.838
-        # ms at LTX, 7.623 against 7.684 at Wan-14B); in s17's call f they tied at LTX (2.814 against 2.823) and lost
-        # all four rounds at Wan-14B (median 7.878 against 7.636)
-        self.kv_beside_selection = False
-        self._kv_streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def _probe(self) -> Availability:
         if importlib.util.find_spec("triton") is None:
@@ -112,9 +102,7 @@ class _QuantForm(Form):
         the H200 at Wan-14B's 40 x 32760 x 128 the selector's own pooling took 0.22 of its 0.30 ms; the
         sums cost the quantization 0.05 ms and their means 0.03, and the whole FP8 call at budget 0.3 won 3
         of 4 interleaved rounds by about 1 % at both long shapes (benchmarks/results/2026-12-03-h200-s12).
-        The copies ride to ``run``. With ``kv_beside_selection`` (off by default), K and V are quantized on a
-        second stream, so that the selection the caller runs next could overlap them; ``run``'s launch waits
-        for them (``Quantized.ready``). Plain mode reads the host's tensors in place, with nothing to share: None."""
+        The copies ride to ``run``. Plain mode reads the host's tensors in place, with nothing to share: None."""
         if not self.sparse or self.qk == "plain" or self.not_supported_reasons(
                 dataclasses.replace(call, mask=MaskKind.BLOCK)):
             return None  # nothing to share, or a call this form will refuse (it must not fail here)
@@ -122,12 +110,7 @@ class _QuantForm(Form):
         scale = q.shape[3] ** -0.5 if inputs.scale is None else float(inputs.scale)
         buffers = self._buffers(q.device)
         if self._on_hopper(q, k, v, (rows, block)):
-            kv_stream = None
-            if self.kv_beside_selection and not torch.cuda.is_current_stream_capturing():  # one stream in a graph
-                kv_stream = self._kv_streams.get(q.device)
-                if kv_stream is None:
-                    kv_stream = self._kv_streams[q.device] = torch.cuda.Stream(q.device)
-            qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True, kv_stream=kv_stream)
+            qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True)
         else:
             config = triton_config(self._kernel, q, k, v, self.qk, rows, block)
             qz = self._kernel.quantize(q, k, v, self.qk, scale, config, buffers, sums=True)

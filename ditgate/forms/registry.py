@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .base import Form, FormInfo, envelope_of
+from .fa3 import FlashAttn3, FlashAttn3Fp8
 from .fa4 import FlashAttn4, FlashAttn4Sparse
 from .flex import FlexCompiled, FlexSparse
 from .quant import BlockSparseAttention, Fp8Attention, Fp8SparseAttention, Int8Attention, Int8SparseAttention
@@ -17,17 +18,22 @@ from .sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 
 # Exact forms in the documented static priority: fastest measured on Hopper first (DESIGN.md
 # anchors: flash-attn-4 > cuDNN > torch flash); flex is exact but compiles per shape, so it comes
-# after the kernels that need no compilation; math is the universal last resort.
-EXACT_PRIORITY: tuple[str, ...] = ("fa4", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "sdpa_math")
-BOUNDED_PRIORITY: tuple[str, ...] = ("fp8", "int8", "sage")
+# after the kernels that need no compilation; math is the universal last resort. FlashAttention-3
+# comes after flash-attn-4: it is the faster of the two at head dim 128 and the slower at 64 (DESIGN.md,
+# H100), an order cannot say "per head dim" without a form refusing calls it serves, and fa4 serves more
+# (fp16, Blackwell, backward); the gate, which measures both, picks fa3 where it wins.
+EXACT_PRIORITY: tuple[str, ...] = ("fa4", "fa3", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "sdpa_math")
+# ditgate's own 8-bit forms win from video lengths up; fa3_fp8 (FA3's FP8 kernel over per-head copies) where
+# their fixed costs lose, at image lengths (issue 33); the gate measures all of them per shape.
+BOUNDED_PRIORITY: tuple[str, ...] = ("fp8", "int8", "fa3_fp8", "sage")
 # Block-sparse consumers: measured only for plans with a sparse setting (attach(..., sparse=...)).
 SPARSE_PRIORITY: tuple[str, ...] = ("fa4_sparse", "block_sparse", "fp8_sparse", "int8_sparse", "flex_sparse")
 
 _FORM_CLASSES: dict[str, type[Form]] = {
     cls.spec.name: cls
-    for cls in (FlashAttn4, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention,
+    for cls in (FlashAttn4, FlashAttn3, SdpaCudnn, SdpaFlash, SdpaEfficient, FlexCompiled, SdpaMath, SageAttention,
                 Fp8Attention, Int8Attention, Fp8SparseAttention, Int8SparseAttention, BlockSparseAttention,
-                FlexSparse, FlashAttn4Sparse)
+                FlexSparse, FlashAttn4Sparse, FlashAttn3Fp8)
 }
 
 

@@ -2,6 +2,10 @@
 
 Pinning matters: torch's own choice among its backends is the host path, so a form is only worth
 measuring if it is a *different* kernel than the one torch would pick.
+
+The cuDNN, flash and memory-efficient kernels compute each query row's log-sum-exp in the same pass; their
+``run_lse`` calls the kernel's aten op, which hands it back (what diffusers' ring attention merges chunks by).
+The math kernel keeps no log-sum-exp.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ class _PinnedSdpa(Form):
             )
 
 
+def _maskless(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q, K, V of a call the log-sum-exp ops take: no mask, equal head counts (the ring path sends no other)."""
+    if inputs.attn_mask is not None or inputs.query.shape[1] != inputs.key.shape[1]:
+        raise ValueError("run_lse serves calls without a mask and with equal query and key/value heads only")
+    return inputs.query, inputs.key, inputs.value
+
+
 class SdpaCudnn(_PinnedSdpa):
     backend = SDPBackend.CUDNN_ATTENTION
     spec = FormSpec(
@@ -62,6 +73,13 @@ class SdpaCudnn(_PinnedSdpa):
     def extra_reasons(self, call: AttentionCall) -> list[str]:
         return [] if call.head_dim % 8 == 0 else [f"head dim {call.head_dim} not a multiple of 8"]
 
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        # the cuDNN op reads strided inputs wrongly (diffusers' own cuDNN path makes them contiguous too)
+        q, k, v = (t.contiguous() for t in _maskless(inputs))
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, inputs.dropout_p, inputs.is_causal, False, scale=inputs.scale)[:2]
+        return out, lse.reshape(lse.shape[:3])  # [B, H, S, 1] from torch 2.9 on, [B, H, S] before
+
 
 class SdpaFlash(_PinnedSdpa):
     backend = SDPBackend.FLASH_ATTENTION
@@ -81,6 +99,12 @@ class SdpaFlash(_PinnedSdpa):
     def extra_reasons(self, call: AttentionCall) -> list[str]:
         return [] if call.head_dim % 8 == 0 else [f"head dim {call.head_dim} not a multiple of 8"]
 
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = _maskless(inputs)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, inputs.dropout_p, inputs.is_causal, return_debug_mask=False, scale=inputs.scale)[:2]
+        return out, lse
+
 
 class SdpaEfficient(_PinnedSdpa):
     backend = SDPBackend.EFFICIENT_ATTENTION
@@ -98,6 +122,12 @@ class SdpaEfficient(_PinnedSdpa):
         equal_head_dims=False,
         package="torch",
     )
+
+    def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = _maskless(inputs)
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, inputs.dropout_p, inputs.is_causal, scale=inputs.scale)[:2]
+        return out, lse[..., : q.shape[2]]  # the kernel pads its rows to a multiple of 32
 
 
 class SdpaMath(_PinnedSdpa):

@@ -1,7 +1,10 @@
 """The gate: calibration on live calls, paired timing, accuracy floors, verdicts, receipts."""
 
 from .accuracy import Accuracy, compare
+from .book import BookTiming, TimingBook, TimingKey
+from .cache import TimingCache, default_cache_path
 from .chooser import GateChooser
+from .contest import ContestResult, Entrant, contest
 from .env import environment
 from .memory import MemoryUse, WorkspacePool, measure_memory
 from .profiles import PROFILES, Profile, UnknownProfileError, resolve_profile
@@ -13,6 +16,9 @@ from .whole import whole_model_check
 __all__ = [
     "PROFILES",
     "Accuracy",
+    "BookTiming",
+    "ContestResult",
+    "Entrant",
     "GateChooser",
     "Measurement",
     "MemoryUse",
@@ -22,11 +28,16 @@ __all__ = [
     "ReceiptMismatchError",
     "Refusal",
     "Timing",
+    "TimingBook",
+    "TimingCache",
+    "TimingKey",
     "UnknownProfileError",
     "Verdict",
     "WholeModelCheck",
     "WorkspacePool",
     "compare",
+    "contest",
+    "default_cache_path",
     "environment",
     "load_receipt",
     "measure_memory",

@@ -1,9 +1,13 @@
 """The measuring chooser: calibrates each site on its live calls and serves the verdicts.
 
 While calibrating, every call is served by the host (so calibration changes no result) and, the
-first time a site sees a shape key, every candidate form is measured in place on that call's real
-inputs: accuracy against the host's output, memory, then paired interleaved timing. Nothing of the
-inputs is stored. Verdicts hold per (site, shape key) and nowhere else.
+first time a site sees a shape key, its candidate forms meet in a ``contest`` on that call's real
+inputs: speed from the plan's ``TimingBook`` (timed once per form and shape key, by the first site
+that needs it, or read from the timing cache), accuracy against this site's host output. Nothing of
+the inputs is stored. Verdicts hold per (site, shape key) and nowhere else.
+
+``budget_s`` caps the time spent measuring: once spent, a site still to be measured takes the verdict
+another site reached for its shape key (without an accuracy check here, and says so), or the host.
 
 A shape key first seen after calibration is, by default, measured on that call (``on_new_shape=
 "measure"``: the call pays the measuring once and is still served by the host); ``"host"`` instead
@@ -14,29 +18,17 @@ start-up.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
 
 from ..forms import SPARSE_PRIORITY, AttentionCall, AttentionInputs, Form, Precision
 from ..router import Decision, SiteRouter
-from .accuracy import compare
-from .memory import measure_memory
+from .book import TimingBook, TimingKey
+from .contest import Entrant, contest
 from .profiles import Profile
-from .timing import paired_timing
-from .verdict import (
-    LESS_ACCURATE,
-    NOT_ALLOWED,
-    OUTRANKED,
-    OVER_MEMORY,
-    RAISED,
-    SLOWER,
-    UNAVAILABLE,
-    UNSUPPORTED,
-    Measurement,
-    Refusal,
-    Verdict,
-)
+from .verdict import NOT_ALLOWED, UNAVAILABLE, UNSUPPORTED, Refusal, Verdict
 
 logger = logging.getLogger("ditgate.gate")
 
@@ -46,9 +38,12 @@ ON_NEW_SHAPE = ("measure", "host")
 
 class GateChooser:
     def __init__(self, profile: Profile, forms: dict[str, Form], on_new_shape: str = "measure",
-                 progress: Callable[[Verdict], None] | None = None, sparse_forms: tuple[str, ...] = ()) -> None:
+                 progress: Callable[[Verdict], None] | None = None, sparse_forms: tuple[str, ...] = (),
+                 book: TimingBook | None = None, budget_s: float | None = None) -> None:
         if on_new_shape not in ON_NEW_SHAPE:
             raise ValueError(f"on_new_shape must be one of {ON_NEW_SHAPE}, not {on_new_shape!r}")
+        if budget_s is not None and budget_s < 0:
+            raise ValueError(f"calibration_budget_s must be >= 0 (or None: no cap), got {budget_s}")
         self.profile = profile
         self.forms = forms
         self.on_new_shape = on_new_shape
@@ -59,6 +54,10 @@ class GateChooser:
         self.mode = LIVE
         self.sparse_forms = sparse_forms  # block-sparse consumers the plan's sparse setting names
         self.verdicts: dict[tuple[str, str], Verdict] = {}
+        self.book = book if book is not None else TimingBook()
+        self.budget_s = budget_s
+        self.spent_s = 0.0  # seconds spent measuring so far (what the budget caps)
+        self.agreement = None  # a context-parallel model's ranks settle on one verdict (``agree.RankAgreement``)
 
     @property
     def mode(self) -> str:
@@ -75,8 +74,10 @@ class GateChooser:
         p = self.profile
         if p.forms is not None:
             names = p.forms
-        else:  # block-sparse forms only where a sparse setting (or the caller, by name) asks for them
-            names = tuple(n for n in self.forms if n not in SPARSE_PRIORITY or n in self.sparse_forms)
+        else:  # block-sparse forms only where a sparse setting (or the caller, by name) asks for them; forms that
+            # compile per shape only where named
+            names = tuple(n for n in self.forms if (n not in SPARSE_PRIORITY or n in self.sparse_forms)
+                          and (not self.forms[n].spec.compiles_per_shape or n in self.sparse_forms))
         keep = [n for n in names if n in self.forms and self.forms[n].precision in p.precisions]
         exact = [n for n in keep if self.forms[n].precision is Precision.EXACT]
         bounded = [n for n in keep if self.forms[n].precision is Precision.BOUNDED]
@@ -99,34 +100,77 @@ class GateChooser:
 
     def measure(self, site: SiteRouter, call: AttentionCall, inputs: AttentionInputs,
                 host: Callable[[], torch.Tensor], to_host: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        started = time.perf_counter()
         with torch.no_grad():
             host_out = host()
-            verdict = self._measure_site(site, call, inputs, host, to_host, host_out)
-        self.verdicts[(site.name, call.shape_key)] = verdict
-        self.generation += 1
-        logger.info("ditgate gate: %s @ %s -> %s", site.name, call.shape_key, verdict.summary)
-        if self.progress is not None:
-            self.progress(verdict)
+            if self.budget_spent:
+                verdict = self._after_budget(site.name, call.shape_key)
+            else:
+                verdict = self._measure_site(site, call, inputs, host, to_host, host_out)
+        self.spent_s += time.perf_counter() - started
+        if self.agreement is not None:
+            verdict = self.agreement.verdict(site.module_path, verdict)
+        self.record(verdict)
         return host_out
 
+    def record(self, verdict: Verdict) -> None:
+        """Keep a verdict made at a site (attention or linear), log it and tell the progress display."""
+        self.verdicts[(verdict.site, verdict.shape_key)] = verdict
+        self.generation += 1
+        logger.info("ditgate gate: %s @ %s -> %s", verdict.site, verdict.shape_key, verdict.summary)
+        if self.progress is not None:
+            self.progress(verdict)
+
+    # --- the calibration budget --------------------------------------------------------------------
+    @property
+    def budget_spent(self) -> bool:
+        return self.budget_s is not None and self.spent_s >= self.budget_s
+
+    def _after_budget(self, site: str, shape_key: str) -> Verdict:
+        """A site reached after the budget: the verdict another site reached for this shape key, or the host."""
+        spent = f"calibration budget of {self.budget_s:g} s spent"
+        for v in self.verdicts.values():
+            if v.shape_key == shape_key and v.source == "measured":
+                return Verdict(site, shape_key, v.form, "shared", v.chosen, v.measured, v.refusals,
+                               note=f"{spent}: the verdict of {v.site} for this shape, accuracy not checked here")
+        return Verdict(site, shape_key, None, "budget", None, (), (),
+                       note=f"{spent} before any site with this shape was measured")
+
     # --- measuring ---------------------------------------------------------------------------------
-    def _measure_site(self, site, call, inputs, host, to_host, host_out) -> Verdict:
+    def _not_allowed(self) -> list[Refusal]:
         p = self.profile
-        device = inputs.query.device
-        refusals: list[Refusal] = []
-        winners: list[Measurement] = []
-        measured: list[Measurement] = []
+        refusals = []
         allowed = set(self.candidates())
         for name, form in self.forms.items():
             if name in allowed:
                 continue
             if p.forms is None and name in SPARSE_PRIORITY and name not in self.sparse_forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, "block-sparse form: only with attach(..., sparse=...)"))
+            elif p.forms is None and form.spec.compiles_per_shape:
+                refusals.append(Refusal(name, NOT_ALLOWED, "compiles a kernel per shape (seconds each); measured only "
+                                                           "when named: attach(..., forms=[...])"))
             elif p.forms is not None and name not in p.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named forms {list(p.forms)}"))
             else:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"{form.precision.value} form; profile {p.name} "
                                                            f"allows {sorted(x.value for x in p.precisions)}"))
+        return refusals
+
+    def _variant(self, site: SiteRouter, form: Form, call: AttentionCall, form_call: AttentionCall) -> str:
+        """What besides the shape key changes a form's work at this site: the host's calling convention, the keys
+        a padding cut left, and a sparse selection's pattern and budget."""
+        parts = [site.convention.value]
+        if form_call.shape_key != call.shape_key:
+            parts.append(form_call.shape_key)
+        stage = site.context.sparse
+        if form.spec.takes_selection and stage is not None:
+            st = stage.setting
+            parts.append(f"sparse:{st.pattern}:{st.schedule.budget:g}:{st.block}")
+        return "|".join(parts)
+
+    def _measure_site(self, site, call, inputs, host, to_host, host_out) -> Verdict:
+        refusals = self._not_allowed()
+        entrants: list[Entrant] = []
         for name in self.candidates():
             form = self.forms[name]
             form_call, form_inputs, dense = site.prepare(form, call, inputs, measuring=True)
@@ -138,62 +182,23 @@ class GateChooser:
                 kind = UNAVAILABLE if reasons[0].startswith("unavailable") else UNSUPPORTED
                 refusals.append(Refusal(name, kind, "; ".join(reasons)))
                 continue
-            if form_inputs is not inputs:  # a sparse form pays its selection on every call: time it too
+            if form_inputs is not inputs:  # a sparse form pays its selection (a padding cut, its cut) on every call
                 def run(form=form):
                     prepared = site.prepare(form, call, inputs, measuring=True)[1]
                     return prepared.finish(form.run(prepared))
             else:
                 def run(form=form):
                     return form.run(inputs)
-            try:
-                out = form_inputs.finish(form.run(form_inputs))  # warm-up (compiles, loads); accuracy sample
-                acc = compare(to_host(out), host_out)
-                del out
-            except Exception as exc:
-                refusals.append(Refusal(name, RAISED, f"{type(exc).__name__}: {exc}"[:300]))
-                continue
-            if not acc.finite or acc.cosine < p.min_call_cosine:
-                refusals.append(Refusal(name, LESS_ACCURATE, f"cosine {acc.cosine:.6f} < {p.min_call_cosine} "
-                                                             f"(rel L2 {acc.rel_l2:.2e})"))
-                continue
-            try:
-                mem = measure_memory(run, device, form.resident_bytes)
-                timing = paired_timing(host, run, device, p.rounds)
-            except Exception as exc:
-                refusals.append(Refusal(name, RAISED, f"{type(exc).__name__}: {exc}"[:300]))
-                continue
-            m = Measurement(name, form.precision.value, timing.ratio, timing.ratio_min, timing.ratio_max,
-                            timing.host_ms, timing.form_ms, acc.cosine, acc.rel_l2, mem.peak_bytes,
-                            mem.resident_bytes)
-            measured.append(m)
-            if p.max_extra_bytes is not None and max(m.peak_bytes, m.resident_bytes) > p.max_extra_bytes:
-                refusals.append(Refusal(name, OVER_MEMORY, f"{max(m.peak_bytes, m.resident_bytes)} B > "
-                                                           f"{p.max_extra_bytes} B"))
-                continue
-            if timing.ratio < p.min_speedup:
-                refusals.append(Refusal(name, SLOWER, f"{timing.ratio:.3f}x [{timing.ratio_min:.3f}-"
-                                                      f"{timing.ratio_max:.3f}] < {p.min_speedup}x at {call.shape_key}"))
-                continue
-            winners.append(m)
-        chosen = self._pick(winners)
-        for m in winners:
-            if m is not chosen:
-                refusals.append(Refusal(m.form, OUTRANKED, f"passed at {m.ratio:.3f}x but {chosen.form} "
-                                                           f"({chosen.precision}) at {chosen.ratio:.3f}x was chosen"))
+            key = TimingKey(name, call.shape_key, self._variant(site, form, call, form_call))
+            entrants.append(Entrant(name, form.precision.value, key, run, to_host, form.resident_bytes))
+        book = self.book if self.profile.share_timing else TimingBook()
+        result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book,
+                         inputs.query.device)
+        if book is not self.book:
+            self.book.timed += book.timed  # a private book's timings still count
+        chosen = result.chosen
         return Verdict(site.name, call.shape_key, chosen.form if chosen else None, "measured", chosen,
-                       tuple(measured), tuple(refusals))
-
-    def _pick(self, winners: list[Measurement]) -> Measurement | None:
-        """Fastest exact winner; a bounded form only if it beats that by the speed threshold too."""
-        exact = [m for m in winners if m.precision == Precision.EXACT.value]
-        bounded = [m for m in winners if m.precision != Precision.EXACT.value]
-        best_exact = max(exact, key=lambda m: m.ratio, default=None)
-        best_bounded = max(bounded, key=lambda m: m.ratio, default=None)
-        if best_bounded is not None and (
-            best_exact is None or best_bounded.ratio >= best_exact.ratio * self.profile.min_speedup
-        ):
-            return best_bounded
-        return best_exact
+                       result.measured, tuple(refusals) + result.refusals)
 
     # --- used by the whole-model check and receipts ------------------------------------------------
     def routed(self) -> list[Verdict]:

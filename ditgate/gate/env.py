@@ -7,7 +7,7 @@ import platform
 
 import torch
 
-PACKAGES = ("torch", "diffusers", "triton", "flash-attn-4", "sageattention", "nvidia-cutlass-dsl")
+PACKAGES = ("torch", "diffusers", "triton", "flash-attn-4", "fa3-fwd", "sageattention", "nvidia-cutlass-dsl")
 
 
 def _version(dist: str) -> str | None:

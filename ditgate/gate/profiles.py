@@ -27,6 +27,11 @@ class Profile:
     rounds: int = 5  # paired timing rounds per candidate and site
     whole_rounds: int = 3  # paired rounds of the whole-model check
     max_extra_bytes: int | None = None  # a form whose peak or resident memory exceeds this is refused
+    # one timed call drops a form more than this factor slower than the best known (or than the speed threshold);
+    # None: no screening, every candidate gets paired rounds (``contest``)
+    screen_margin: float | None = 1.10
+    share_timing: bool = True  # False: each site times its forms itself (the per-site gate, for comparison)
+    max_call_rel_l2: float | None = None  # a per-call floor on relative L2 beside the cosine (linear sites set it)
 
     def __post_init__(self) -> None:
         if self.min_speedup <= 0:
@@ -35,6 +40,8 @@ class Profile:
             raise ValueError("cosine floors must lie in (0, 1]")
         if self.rounds < 1 or self.whole_rounds < 1:
             raise ValueError("rounds must be >= 1")
+        if self.screen_margin is not None and self.screen_margin < 1:
+            raise ValueError(f"screen_margin must be >= 1 (or None: no screening), got {self.screen_margin}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -1,7 +1,10 @@
 """Receipts: the saved verdicts with the environment they were measured in, and a content hash.
 
 Loading a receipt re-applies its routes without measuring when the environment matches; when it does
-not, loading refuses with the differences (or, when asked, the sites are measured again).
+not, loading refuses with the differences (or, when asked, the sites are measured again). The context
+parallelism of each denoiser is part of that environment: routes measured on a rank's heads (Ulysses) or key
+chunks (ring) hold for that configuration alone, so a receipt measured under one is refused under another, or
+without any.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .env import differences
@@ -38,6 +41,8 @@ class Receipt:
     verdicts: tuple[Verdict, ...]
     whole_model: tuple[WholeModelCheck, ...]
     created: str
+    # denoiser name -> its context parallelism (``hosts.parallel.ContextParallel.record``), for those that have one
+    parallel: dict = field(default_factory=dict)
 
     def payload(self) -> dict:
         return {
@@ -48,6 +53,7 @@ class Receipt:
             "profile": self.profile.to_dict(),
             "verdicts": [v.to_dict() for v in self.verdicts],
             "whole_model": [w.__dict__ for w in self.whole_model],
+            "parallel": self.parallel,
         }
 
     def to_json(self) -> str:
@@ -61,8 +67,15 @@ class Receipt:
         path.write_text(self.to_json())
         return path
 
-    def check_environment(self, current_env: dict, current_models: dict) -> list[str]:
+    def check_environment(self, current_env: dict, current_models: dict,
+                          current_parallel: dict | None = None) -> list[str]:
+        """Differences from here; ``current_parallel``: each context-parallel denoiser's record here (none: none)."""
         diffs = differences(self.environment, current_env)
+        here = current_parallel or {}
+        for name in sorted(set(self.parallel) | set(here)):
+            if self.parallel.get(name) != here.get(name):
+                diffs.append(f"context parallelism of {name or '(model)'}: receipt "
+                             f"{_parallel_text(self.parallel.get(name))}, here {_parallel_text(here.get(name))}")
         for name, rec in self.models.items():
             here = current_models.get(name)
             if here != rec:
@@ -70,6 +83,12 @@ class Receipt:
         for name in set(current_models) - set(self.models):
             diffs.append(f"model {name or '(model)'}: not in the receipt")
         return diffs
+
+
+def _parallel_text(record: dict | None) -> str:
+    if not record:
+        return "none"
+    return ", ".join(f"{k}={v}" for k, v in sorted(record.items()))
 
 
 def _jsonable(x):
@@ -107,4 +126,5 @@ def load_receipt(path: str | Path) -> Receipt:
         verdicts=tuple(Verdict.from_dict(v) for v in payload["verdicts"]),
         whole_model=tuple(WholeModelCheck(**{**w, "reverted": tuple(w["reverted"])}) for w in payload["whole_model"]),
         created=payload["created"],
+        parallel=payload.get("parallel", {}),
     )

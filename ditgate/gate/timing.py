@@ -25,7 +25,7 @@ class Timing:
     rounds: int
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -40,11 +40,11 @@ def time_once(fn: Callable[[], object], device: torch.device, reps: int = 1) -> 
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / reps
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
-    _sync(device)
+    sync(device)
     return (time.perf_counter() - t0) * 1e3 / reps
 
 

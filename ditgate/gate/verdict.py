@@ -42,6 +42,21 @@ class Measurement:
     rel_l2: float
     peak_bytes: int
     resident_bytes: int
+    # how the ratio was timed: paired rounds (1 with ``screened``: a single screening call), at which site (speed
+    # is shared by every site with the shape key), and whether it came from the timing cache of an earlier process.
+    # ``cosine`` and ``rel_l2`` are this site's own; NaN where the form was not run here (it could not win on the
+    # shared timing, so its accuracy was not needed)
+    rounds: int = 0
+    screened: bool = False
+    timed_at: str = ""
+    from_cache: bool = False
+    first_ms: float = 0.0  # its first call at this shape key (compiles, loads): what warming it up cost, once
+
+    def timing_text(self, here: str) -> str:
+        kind = "screening timing" if self.screened else f"{self.rounds} paired rounds"
+        if self.from_cache:
+            return f"{kind}, from the timing cache"
+        return f"{kind}, " + ("timed here" if not self.timed_at or self.timed_at == here else f"shared from {self.timed_at}")
 
 
 @dataclass(frozen=True)
@@ -49,7 +64,7 @@ class Verdict:
     site: str
     shape_key: str
     form: str | None  # None: the host serves this site at this shape
-    source: str  # "measured" | "receipt" | "reverted"
+    source: str  # "measured" | "receipt" | "reverted" | "shared" (budget spent: another site's verdict) | "budget"
     chosen: Measurement | None
     measured: tuple[Measurement, ...]
     refusals: tuple[Refusal, ...]
@@ -59,7 +74,8 @@ class Verdict:
     def summary(self) -> str:
         if self.form is not None and self.chosen is not None:
             c = self.chosen
-            return f"{self.form} {c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}] cos {c.cosine:.6f}"
+            return (f"{self.form} {c.ratio:.2f}x [{c.ratio_min:.2f}-{c.ratio_max:.2f}] cos {c.cosine:.6f} "
+                    f"({c.timing_text(self.site)})")
         if self.note:
             return f"host: {self.note}"
         return "host: " + ("; ".join(r.text() for r in self.refusals) or "no candidate")
@@ -98,3 +114,4 @@ class WholeModelCheck:
     attempts: int
     reverted: tuple[str, ...]  # "site @ shape_key" of every route the check took back
     note: str
+    forwards: int = 0  # forwards the check ran (a passing check: one host and one routed)

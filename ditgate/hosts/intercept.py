@@ -102,7 +102,7 @@ def routed_processor(
     """A clone of ``processor`` whose attention calls go to ``entries``.
 
     The clone is an instance of a fresh subclass of the processor's class (so ``isinstance`` checks
-    and class attributes still hold), sharing the original's instance attributes. Its ``__call__``
+    and class attributes still hold), sharing the original's instance attribute dict. Its ``__call__``
     keeps the original signature (diffusers filters keyword arguments by it). What the call needs is held
     by the subclass, not by closures, so that torch.compile traces it (and guards on the subclass: a graph
     traced with the routes recompiles once the original processor is back).
@@ -127,7 +127,9 @@ def routed_processor(
         "__call__": call, "__module__": cls.__module__, "_ditgate_routed": True,
         "_ditgate_rebound": staticmethod(rebound), "_ditgate_on_invocation": staticmethod(on_invocation)})
     clone = object.__new__(routed_cls)
-    clone.__dict__.update(processor.__dict__)
+    # one attribute dict for both: what is set on the clone while attached (``enable_parallelism``'s
+    # ``_parallel_config``, ``set_attention_backend``'s backend) is the original's after detach too
+    clone.__dict__ = processor.__dict__
     return clone
 
 

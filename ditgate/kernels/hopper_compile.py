@@ -2,12 +2,16 @@
 
 Gluon has no CPU interpreter, so this is what a machine without a Hopper GPU can check: that every mode
 and head dim compiles (Triton ships its own ptxas), how many registers and how much shared memory it
-takes, and whether anything spills; and, with ``--loops``, where ptxas put the waits for the tensor-core
-products against the exp2s in each overlapped schedule's loop. Run it in a process without
+takes, whether anything spills, and how wide the output's stores are. Run it in a process without
 ``TRITON_INTERPRET=1`` (the interpreter replaces Triton's library functions with Python ones that the
 compiler cannot take):
 
-    python -m ditgate.kernels.hopper_compile [--loops | --pin | --tc-sum | --tree-max | --byte-p | --lazy | --int-max]
+    python -m ditgate.kernels.hopper_compile [--pin | --tree-max | --int-max | --lazy]
+
+With an option, the steady-state step of the variants where that option matters, compiled with it off and on
+(``LoopShape``: its length, where ptxas put the waits for the tensor-core products against the exp2s): what the
+option changes in the machine code. ``python -m ditgate.kernels.same_code REF`` compares
+the code of every default launch against another commit's.
 """
 
 from __future__ import annotations
@@ -22,14 +26,12 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
 
 from . import hopper_attention as ha
 from .quant_attention import Quantized
+from .same_code import nvidia_tool, compiled_for_hopper, launches_of
 
 HOPPER_SMEM = 232448  # bytes of shared memory one block may use on sm_90
-TARGET = GPUTarget("cuda", 90, 32)
 
 
 @dataclass(frozen=True)
@@ -46,18 +48,17 @@ class CompileReport:
     shuffles: int  # warp shuffles in the PTX (row max and sum; an FP8 P moved between threads adds more)
     wgmma_serialized: bool  # ptxas's C7511: it waits for every product right after issuing it (a silent slowdown)
     # the output's stores in the PTX, by width: (16-byte st.global.v4, narrower st.global); the Hopper schedule's own
-    # copy of V lets each thread write eight neighbouring channels at once (``hopper_attention._ordered_output``)
+    # copy of V lets each thread write eight neighbouring channels at once (``hopper_kernel._ordered_output``)
     wide_stores: int
     narrow_stores: int
     aligned_out: bool  # every row of the output starts on 16 bytes (``hopper_attention.rows_aligned``)
 
 
-def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool | None = None,
-                tc_sum: bool | None = None, narrow: int | None = None, tree_max: bool | None = None,
-                byte_p: bool | None = None, lazy: bool | None = None, aligned_out: bool = True,
-                int_max: bool | None = None, gather_out: bool | None = None) -> ha.Launch:
+def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True,
+                **options) -> ha.Launch:
     """The launch a [1, S, 2, D] bf16 call makes, on CPU tensors (only shapes, strides, dtypes matter).
-    ``aligned_out`` False: an output whose rows start 8 bytes into 16 (``hopper_attention.rows_aligned``)."""
+    ``aligned_out`` False: an output whose rows start 8 bytes into 16 (``hopper_attention.rows_aligned``).
+    ``options``: ``plan_launch``'s (``pin``, ``tree_max``, ``lazy``, ``int_max``, ``gather_out``)."""
     S, H, D = 1000, 2, head_dim
     q = torch.empty(1, S, H, D, dtype=torch.bfloat16).transpose(1, 2)
     out = torch.empty_like(q) if aligned_out else torch.empty(1, S, H, D + 4, dtype=q.dtype)[..., 4:].transpose(1, 2)
@@ -72,53 +73,14 @@ def host_launch(qk: str, head_dim: int, sparse: bool, groups: int = 2, pin: bool
                        torch.empty(H, D, pad, dtype=torch.float8_e4m3fn), torch.empty(H, D), pad, pad,
                        permuted_v=True)
     lists = (torch.zeros(1, H, n_m, n, dtype=torch.int32), torch.zeros(1, H, n_m, dtype=torch.int32)) if sparse else (None,) * 2
-    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, pin=pin, tc_sum=tc_sum,
-                          narrow=narrow, tree_max=tree_max, byte_p=byte_p, lazy=lazy, int_max=int_max,
-                          gather_out=gather_out)
+    return ha.plan_launch(q, q, q, qk, D ** -0.5, out, qz, *lists, groups=groups, **options)
 
 
-def _compile(qk: str, head_dim: int, sparse: bool, schedule: int | None = None, groups: int = 2,
-             pin: bool | None = None, tc_sum: bool | None = None, narrow: int | None = None,
-             tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
-             aligned_out: bool = True, int_max: bool | None = None):
-    """The compiled kernel and the compile-time flags it was compiled with."""
-    # the flags as plan_launch decides them
-    launch = host_launch(qk, head_dim, sparse, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy, aligned_out,
-                         int_max)
-    flags = dict(launch.flags)
-    if schedule is not None:
-        flags["SCHEDULE"] = schedule
-    fn = ha._hopper_attn_kernel
-    compiled = triton.compile(_specialized_source(fn, launch.args, flags), target=TARGET, options={"num_warps": 4})
-    return compiled, flags
-
-
-def _specialized_source(fn, args: tuple, flags: dict):
-    """The kernel's source with its arguments specialized as a launch on the GPU specializes them (integers equal
-    to 1 become constants, pointers and integers divisible by 16 say so): what decides, among other things, how
-    wide its stores are. Through Triton's own specialization function (``native_specialize_impl``, not a public
-    API, as ``GluonASTSource`` is not), so that the two cannot drift apart."""
-    from triton.backends.compiler import BaseBackend
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import native_specialize_impl
-
-    backend = CUDABackend(TARGET)
-    signature, constants, attrs = {}, dict(flags), {}
-    for i, (name, arg) in enumerate(zip(fn.arg_names, args)):
-        kind, key = native_specialize_impl(BaseBackend, arg, False, True, True)
-        if kind == "constexpr":
-            signature[name], constants[name] = "constexpr", key
-        else:
-            signature[name] = kind
-            if key:
-                attrs[(i,)] = backend.parse_attr(key)
-    signature.update({name: "constexpr" for name in flags})
-    return GluonASTSource(fn, signature, constants, attrs)
-
-
-def _tool(name: str) -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+def _compile(qk: str, head_dim: int, sparse: bool, groups: int = 2, aligned_out: bool = True, **options):
+    """The compiled kernel and the compile-time flags it was compiled with (as ``plan_launch`` decides them)."""
+    launch = host_launch(qk, head_dim, sparse, groups, aligned_out, **options)
+    (recorded,) = launches_of(launch.run)
+    return compiled_for_hopper(*recorded), launch.flags
 
 
 def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
@@ -126,7 +88,7 @@ def _assemble(ptx: str, tmp: str) -> tuple[str, str]:
     path, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
     with open(path, "w") as f:
         f.write(ptx)
-    info = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", path, "-o", cubin], capture_output=True,
+    info = subprocess.run([nvidia_tool("ptxas"), "-v", "--gpu-name", "sm_90a", path, "-o", cubin], capture_output=True,
                           text=True, check=True).stderr
     return info, cubin
 
@@ -157,16 +119,12 @@ class LoopShape:
 
     qk: str
     head_dim: int
-    schedule: int
     groups: int
     sparse: bool
     pin: bool  # the exp2s pinned above the P·V wait (``_overlapped_step``)
-    tc_sum: bool  # P's row sums from the tensor cores (``_consume``)
-    narrow: int  # how an 8-bit P crosses the loop (``hopper_attention.default_narrowing``)
-    tree_max: bool  # each row's max as a tree of pairwise maxima (``hopper_attention._row_max``)
-    byte_p: bool  # P's FP8 bytes from FMAs, no exp2 but alpha's (``hopper_attention._byte_p``)
-    lazy: bool  # the output rescaled only where a row's max moved (``hopper_attention._rows_rescaled``)
-    int_max: bool  # INT8's row max over the integer products (``hopper_attention.INT_MAXED``)
+    tree_max: bool  # each row's max as a tree of pairwise maxima (``hopper_softmax._row_max``)
+    lazy: bool  # the output rescaled only where a row's max moved (``hopper_softmax._rows_rescaled``)
+    int_max: bool  # INT8's row max over the integer products (``hopper_config.INT_MAXED``)
     spill_bytes: int
     instructions: int  # to the next fresh Q·Kᵀ product: the loop's body and what follows its branch back
     loop_instructions: int  # to the branch back: the body alone
@@ -179,19 +137,15 @@ class LoopShape:
     skippable_multiplies: int  # FMULs in the body a warp jumps over behind a vote (``lazy``: the output's rescale)
 
 
-def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool | None = None,
-               sparse: bool = False, tc_sum: bool | None = None, narrow: int | None = None,
-               tree_max: bool | None = None, byte_p: bool | None = None, lazy: bool | None = None,
-               int_max: bool | None = None) -> LoopShape:
+def loop_shape(qk: str, head_dim: int, groups: int = 2, sparse: bool = False, **options) -> LoopShape:
     """Where the waits fall against the softmax in the steady-state step (the second one the SASS holds:
-    from one Q·Kᵀ product that starts a fresh accumulator to the next). Why: the overlapped schedules
-    only overlap if the wait for P·V comes after the exp2s; ptxas decides that, not the source order (``pin``:
-    see ``_overlapped_step``)."""
-    compiled, flags = _compile(qk, head_dim, sparse, schedule, groups, pin, tc_sum, narrow, tree_max, byte_p, lazy,
-                               int_max=int_max)
+    from one Q·Kᵀ product that starts a fresh accumulator to the next), with ``plan_launch``'s ``options``.
+    Why: the step only overlaps the softmax with P·V if the wait for P·V comes after the exp2s; ptxas decides
+    that, not the source order (``pin``: see ``_overlapped_step``)."""
+    compiled, flags = _compile(qk, head_dim, sparse, groups, **options)
     with tempfile.TemporaryDirectory() as tmp:
         info, cubin = _assemble(compiled.asm["ptx"], tmp)
-        sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
+        sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin], capture_output=True, text=True,
                               check=True).stdout
     lines = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+\S", line)]
     addresses = [int(re.match(r"\s*/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
@@ -204,8 +158,8 @@ def loop_shape(qk: str, head_dim: int, schedule: int, groups: int = 2, pin: bool
                   for m in [re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ins)] if m)
     exp2 = [i for i, ins in enumerate(step) if "MUFU.EX2" in ins]
     loop = back[0] + 1 if back else len(step)
-    return LoopShape(qk, head_dim, schedule, groups, sparse, flags["PIN"], flags["TC_SUM"], flags["NARROW"],
-                     flags["TREE_MAX"], flags["BYTE_P"], flags["LAZY"], flags["INT_MAX"], _spills(info), len(step), loop,
+    return LoopShape(qk, head_dim, groups, sparse, flags["PIN"], flags["TREE_MAX"], flags["LAZY"], flags["INT_MAX"],
+                     _spills(info), len(step), loop,
                      _longest_chain(step, "FMNMX"), sum(ins.split()[0] in ("VIMNMX", "VIMNMX3") for ins in step[:loop]),
                      waits, exp2[0], exp2[-1], sum(i < loop for i in exp2),
                      _skippable(step[:loop], addresses[starts[1]:starts[1] + loop], "FMUL"))
@@ -243,28 +197,17 @@ def _longest_chain(step: list[str], opcode: str) -> int:
     return longest
 
 
-LOOP_MODES = {  # the steady-state steps each mode compares, pairwise where an option goes off and on
-    # the overlapped schedules' step, per mode, at head dim 128
-    "--loops": lambda: [loop_shape(qk, 128, schedule) for qk in ("plain", "fp8") for schedule in ha.SCHEDULES[1:]],
-    # P's row sums from the softmax's adds or the tensor cores, in two modes' steps (P from exp2s)
-    "--tc-sum": lambda: [loop_shape(qk, d, 3, groups, tc_sum=tc_sum, byte_p=False)
-                         for qk, d, groups in (("fp8", 64, 3), ("plain", 128, 2)) for tc_sum in (False, True)],
-    # each row's max as the compiler's chain or a tree
-    "--tree-max": lambda: [loop_shape(qk, 64, 3, 3, tree_max=tree)
-                           for qk in ("plain", "fp8") for tree in (False, True)],
-    # P's FP8 bytes from exp2s or from FMAs, dense at both head dims' warpgroups and over 192-row lists
-    "--byte-p": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, byte_p=bytes_)
-                         for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 128, 2, False),
-                                                       ("fp8", 64, 3, True))
-                         for bytes_ in (False, True)],
+LOOP_MODES = {  # the steady-state steps each option changes, pairwise off and on
     # plain over 192-row lists (pinned by default), with and without the pin
-    "--pin": lambda: [loop_shape("plain", 64, 3, 3, pin, sparse=True) for pin in (False, True)],
+    "--pin": lambda: [loop_shape("plain", 64, 3, True, pin=pin) for pin in (False, True)],
+    # each row's max as the compiler's chain or a tree
+    "--tree-max": lambda: [loop_shape(qk, 64, 3, tree_max=tree) for qk in ("plain", "fp8") for tree in (False, True)],
     # INT8's row max over the products' floats or over the integers, dense at both head dims' warpgroups
-    "--int-max": lambda: [loop_shape("int8", d, 3, groups, int_max=int_max)
+    "--int-max": lambda: [loop_shape("int8", d, groups, int_max=int_max)
                           for d, groups in ((64, 3), (128, 2)) for int_max in (False, True)],
-    # the output rescaled every block or only where a row's max moved, in the 8-bit modes with P's bytes and in plain
-    # mode over 192-row lists
-    "--lazy": lambda: [loop_shape(qk, d, 3, groups, sparse=sparse, lazy=lazy)
+    # the output rescaled every block or only where a row's max moved, in the 8-bit modes and in plain mode over
+    # 192-row lists
+    "--lazy": lambda: [loop_shape(qk, d, groups, sparse, lazy=lazy)
                        for qk, d, groups, sparse in (("fp8", 64, 3, False), ("int8", 64, 3, False),
                                                      ("fp8", 128, 2, False), ("fp8", 64, 3, True),
                                                      ("plain", 64, 3, True))

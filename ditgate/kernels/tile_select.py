@@ -1,9 +1,8 @@
 """The tile selector's per-call work in two Triton kernels: pooling, and choosing plus listing.
 
 Why: the selector's torch path is a dozen small kernels (two strided means and a concatenation per
-tensor, a ``where``, ``topk``, a scatter, a cumulative sum, another scatter); at LTX's 27588 tokens they
-took 0.41 ms on the H200, 3.6 % of the dense attention, mostly launches and the strided means
-(benchmarks/results/2026-12-02-h200-s3/selector-breakdown.json). Here:
+tensor, a ``where``, ``topk``, a scatter, a cumulative sum, another scatter), whose time at video lengths is
+mostly launches and the strided means, a few percent of the dense attention it is meant to save. Here:
 
 - ``pool_tiles``: one program per (tile, batch · head) reads its rows through the caller's strides
   and writes their float32 mean (the partial last tile by its real row count); ``means_from_sums`` the
@@ -23,12 +22,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _pool_kernel(X, OUT, sxb, sxh, sxs, sxd, H, S, n, block, D: tl.constexpr, BLOCK: tl.constexpr,
-                 HEADS_INNER: tl.constexpr):
-    if HEADS_INNER:  # consecutive programs: one tile of consecutive heads (``quant_attention._block_and_head``)
-        bh, t = tl.program_id(0), tl.program_id(1)
-    else:
-        t, bh = tl.program_id(0), tl.program_id(1)
+def _pool_kernel(X, OUT, sxb, sxh, sxs, sxd, H, S, n, block, D: tl.constexpr, BLOCK: tl.constexpr):
+    bh, t = tl.program_id(0), tl.program_id(1)  # consecutive programs: one tile of consecutive heads
     end = tl.minimum(S, (t + 1) * block)  # a tile of ``block`` rows; BLOCK is that rounded up to a power of two
     rows = t * block + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
@@ -38,18 +33,16 @@ def _pool_kernel(X, OUT, sxb, sxh, sxs, sxd, H, S, n, block, D: tl.constexpr, BL
     tl.store(OUT + (bh * n + t) * D + cols, tl.sum(x, axis=0) / count)
 
 
-def pool_tiles(x: torch.Tensor, block: int, heads_inner: bool = True) -> torch.Tensor:
+def pool_tiles(x: torch.Tensor, block: int) -> torch.Tensor:
     """Float32 [B, H, n, D] mean of each ``block`` rows of a B, H, S, D tensor (any strides; ``block``
-    need not be a power of two, 192 for three-warpgroup query tiles). ``heads_inner``: the programs in the order
-    of ``quant_attention._block_and_head`` (the same means either way): on the H200, 0.1140 against 0.1153-0.1159 ms
-    per tensor at Wan-14B, 0.0477-0.0481 against 0.0476-0.0491 at LTX (benchmarks/results/2026-12-04-h200-s18,
-    calls c-d)."""
+    need not be a power of two, 192 for three-warpgroup query tiles). The programs take a tile of every head in
+    turn, as the quantization's passes do (``quant_passes._block_and_head``), so that those running at once read
+    whole token rows of diffusers' [B, S, H, D] storage."""
     B, H, S, D = x.shape
     n = -(-S // block)
     out = torch.empty(B, H, n, D, dtype=torch.float32, device=x.device)
-    grid = (B * H, n) if heads_inner else (n, B * H)
-    _pool_kernel[grid](x, out, *x.stride(), H, S, n, block, D=D, BLOCK=triton.next_power_of_2(block),
-                       HEADS_INNER=heads_inner, num_warps=4)
+    _pool_kernel[(B * H, n)](x, out, *x.stride(), H, S, n, block, D=D, BLOCK=triton.next_power_of_2(block),
+                             num_warps=4)
     return out
 
 
@@ -83,9 +76,8 @@ def means_from_sums(q_sums: torch.Tensor, block_m: int, rows: int, seq_q: int, k
     """Float32 tile means of Q per ``rows`` query rows ([B, H, n, D], ``rows`` a multiple of ``block_m``) and of K
     per ``block_n`` keys ([B, HK, n_n, D]), from float32 [B, ., blocks, D] column sums per ``block_m`` query rows
     and ``block_n`` keys (what a quantization pass wrote while it read the rows anyway); the partial last tiles by
-    their real row counts. One launch for both: as a handful of torch operations per tensor it took 0.14 ms on the
-    H200 at Wan-14B's shape, launch-bound (results 2026-12-03-h200-s12); as one launch per tensor, the GPU waited
-    about 50 us for the host between the two when calls ran one at a time (results 2026-12-04-h200-s18, call h)."""
+    their real row counts. One launch for both: a handful of torch operations per tensor was launch-bound, and with
+    one launch per tensor the GPU waited for the host between the two when calls ran one at a time."""
     B, H, q_blocks, D = q_sums.shape
     HK, k_blocks = k_sums.shape[1], k_sums.shape[2]
     if rows % block_m:
@@ -124,18 +116,17 @@ def _choose_kernel(SCORES, FIXED, FIXED_SCORE, ALWAYS, INDEX, n_m, n, width, kee
 
 
 def choose_and_list(scores: torch.Tensor, fixed: torch.Tensor, fixed_score: torch.Tensor, always: torch.Tensor,
-                    keep: int, width: int, num_warps: int = 1) -> torch.Tensor:
+                    keep: int, width: int) -> torch.Tensor:
     """Int32 [B, H, n_m, width] ascending key-tile lists from float32 [B, H, n_m, n] pooled scores (n_m
     query tiles, n key tiles).
 
     ``fixed`` / ``fixed_score`` / ``always`` are the layout's [n_m, n] geometry (see selector._Geometry;
     the two masks as int8, nonzero meaning set);
-    ``keep`` the tiles chosen per row by score, ``width`` the lists' length. ``num_warps``: one warp per row was
-    the fastest of 1, 2, 4 and 8 on the H200 (benchmarks/results/2026-12-04-h200-s17, call g, the same lists):
-    22.5 us against 26.7 with 4 warps at LTX's 144 x 216 tiles per head, 33.0 against 48.0 at Wan-14B's 256 x 256."""
+    ``keep`` the tiles chosen per row by score, ``width`` the lists' length. One warp per row, the fastest
+    of 1, 2, 4 and 8."""
     B, H, n_m, n = scores.shape
     scores = scores.contiguous()
     index = torch.empty(B, H, n_m, width, dtype=torch.int32, device=scores.device)
     _choose_kernel[(B * H * n_m,)](scores, fixed, fixed_score, always, index, n_m, n, width, keep,
-                                 N=triton.next_power_of_2(n), num_warps=num_warps)
+                                 N=triton.next_power_of_2(n), num_warps=1)
     return index

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ..hosts import AttentionModule, Convention, original_entry
+from .parallel import ParallelServing
 from .routes import CallArgs
 from .site import RouterContext, SiteRouter
 from .traced import TracedSite
@@ -35,6 +36,7 @@ class ModuleRouter:
         self.conventions = conventions
         self.originals = {c: original_entry(processor, c) for c in conventions}
         self.sites: dict[int, SiteRouter] = {}
+        self.parallel = ParallelServing(self.originals.get(Convention.DISPATCH))  # calls under context parallelism
         self._index = 0
         # The site of the first call exists from the start, so that explain() lists it before any call.
         self.site(0, next(iter(sorted(conventions, key=lambda c: c.value))))
@@ -118,7 +120,10 @@ class DispatchEntry:
 
         site = self.router.next_site(Convention.DISPATCH)
         if parallel_config is not None:
-            return site.host_only("context-parallel call", host)
+            if isinstance(site, TracedSite):  # diffusers' exchange traced as the host's; its local op not routed
+                return site.host_only("context-parallel call inside a compiled graph", host)
+            return self.router.parallel.serve(site, host, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                              enable_gqa, attention_kwargs, backend, parallel_config)
         if attention_kwargs:
             return site.host_only(f"backend-specific attention_kwargs {sorted(attention_kwargs)}", host)
         if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)

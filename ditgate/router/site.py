@@ -119,6 +119,12 @@ class SiteRouter:
             return (self.ledger.disabled[form_name],)
         return self.reasons(self.context.forms[form_name], call)
 
+    def disable(self, form_name: str, reason: str) -> None:
+        """Keep ``form_name`` off this site from now on, with the reason (routes resolved before are dropped)."""
+        if form_name not in self.ledger.disabled:
+            self.ledger.disabled[form_name] = reason
+            self.context.invalidate()
+
     def prepare(self, form: Form, call: AttentionCall, inputs: AttentionInputs,
                 measuring: bool = False) -> tuple[AttentionCall, AttentionInputs, str]:
         """The call and inputs ``form`` is to see, and a reason when it is to stay dense (on the host when

@@ -48,7 +48,8 @@ class SparseSetting:
     """What the caller asks of the sparse stage.
 
     pattern: "selected" (tiles chosen per call from pooled Q·K), "window" or "radial" (static).
-    forms: the block-sparse consumers the gate may measure (each a bounded-error form); by default all.
+    forms: the block-sparse consumers the gate may measure (each a bounded-error form); by default all but
+    ``flex_sparse``, which compiles per shape (name it to have it measured).
     block: the key tiles' tokens, and the query tiles' unless a consumer asks for taller ones
     (``Form.selection_rows``: 192 for the plain and FP8 consumers on Hopper at head dim 64).
     """
@@ -58,7 +59,7 @@ class SparseSetting:
     block: int = 128
     # every consumer by default; the gate measures those installed and usable (fa4_sparse checked against
     # the expanded-mask reference on the H200: tests/test_gpu.py, benchmarks/results/2026-12-02-h200-s3)
-    forms: tuple[str, ...] = SPARSE_PRIORITY
+    forms: tuple[str, ...] = tuple(f for f in SPARSE_PRIORITY if f != "flex_sparse")
 
     def __post_init__(self) -> None:
         if self.pattern not in (SELECTED, *PATTERNS):

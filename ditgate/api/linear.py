@@ -1,0 +1,102 @@
+"""The linear sites of one plan: installing their routers, settling their weights, reporting them, and detaching.
+
+``attach(..., linear=...)`` makes one ``LinearPart``. A plan that measures installs a router on every linear site of
+the setting's roles and lets the gate decide per site and shape key; a plan that does not measure fixes each site's
+form at attach (the first of the setting's forms whose envelope serves the site's K, N, dtype and device) and
+quantizes it at once. Either way the plan's ``fuse_lora`` guard refuses fusing while any site is quantized.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..forms.linear import LinearCall, LinearForm
+from ..gate.linear import LinearSetting, settle_sites
+from ..gate.verdict import Verdict
+from ..hosts.linear_weights import guard_fuse_lora
+from ..hosts.linears import find_linear_sites
+from ..router import HOST, RouterContext
+from ..router.linear import LinearChooser, LinearContext, LinearRouter, StaticLinearChooser
+from .report import LinearRecord, LinearSiteRecord
+
+
+def serving_route(counts) -> str:
+    """The route that served most live calls of a site (calibration calls aside), "host" when only calibration ran,
+    "-" before any call."""
+    live = [c for c in counts if c.reason != "calibrating"]
+    if live:
+        return max(live, key=lambda c: c.calls).route
+    return HOST if counts else "-"
+
+
+def _static_call(router: LinearRouter, capability) -> LinearCall:
+    """The site as a call whose rows are not known yet (the envelope's row limits are checked per call)."""
+    weight = router.module.weight
+    return LinearCall(rows=0, in_features=router.module.in_features, out_features=router.module.out_features,
+                      dtype=str(weight.dtype).removeprefix("torch."), device_type=weight.device.type,
+                      capability=capability, needs_grad=False)
+
+
+class LinearPart:
+    def __init__(self, setting: LinearSetting, forms: dict[str, LinearForm], chooser: LinearChooser,
+                 route: RouterContext, measuring: bool) -> None:
+        self.setting = setting
+        self.measuring = measuring
+        self.context = LinearContext(forms=forms, chooser=chooser, route=route, keep_host=setting.keep_host)
+        self.routers: list[LinearRouter] = []
+        self._unguard: list = []
+
+    def install(self, denoisers: list[tuple[str, torch.nn.Module]]) -> None:
+        roles = set(self.setting.routed_roles(self.measuring))
+        for name, model in denoisers:
+            for site in find_linear_sites(model, prefix=name):
+                if site.role in roles:
+                    self.routers.append(LinearRouter(self.context, site))
+            self._unguard.append(guard_fuse_lora(model, self.quantized_sites))
+
+    def quantized_sites(self) -> list[str]:
+        return [r.name for r in self.routers if r.custody.payload_form is not None or r.candidates]
+
+    def settle_static(self) -> None:
+        """A plan that does not measure: the first form (in the setting's order) whose envelope serves each site,
+        its weights made now; the reasons of every form for a site none serves."""
+        assert isinstance(self.context.chooser, StaticLinearChooser)
+        order = self.setting.forms or tuple(self.context.forms)
+        for router in self.routers:
+            call = _static_call(router, self.context.route.capability(router.module.weight.device))
+            refusals = []
+            for name in order:
+                reasons = self.context.forms[name].not_supported_reasons(call, rows_known=False)
+                if not reasons:
+                    self.context.chooser.chosen[router.name] = (name, "")
+                    router.settle(name)
+                    break
+                refusals.append(f"{name}: {reasons[0]}")
+            else:
+                self.context.chooser.chosen[router.name] = (None, "no linear form serves this site ("
+                                                            + "; ".join(refusals) + ")")
+
+    def settle(self, verdicts: dict[tuple[str, str], Verdict]) -> None:
+        settle_sites(self.routers, verdicts)
+
+    def record(self, verdicts: dict[tuple[str, str], Verdict]) -> LinearRecord:
+        by_site: dict[str, list[Verdict]] = {}
+        for v in verdicts.values():
+            by_site.setdefault(v.site, []).append(v)
+        sites = []
+        for r in self.routers:
+            counts = r.ledger.route_counts()
+            sites.append(LinearSiteRecord(
+                name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls, serving=serving_route(counts),
+                routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
+                weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(),
+                bytes_now=r.custody.bytes_now()))
+        return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
+                            sum(s.bytes_now for s in sites))
+
+    def detach(self) -> None:
+        for r in self.routers:
+            r.detach()
+        for unguard in self._unguard:
+            unguard()
+        self._unguard.clear()

@@ -1,0 +1,296 @@
+"""Linear forms: what may serve one ``nn.Linear`` call of a denoiser in place of the host's ``F.linear``.
+
+A linear form is declared like an attention form (an envelope checked by ``linear_spec_reasons``, an availability
+probe, ``not_supported_reasons(call)``), and adds two verbs: ``quantize`` turns a site's host weight into what the
+form keeps on the device in its place (once per site), and ``run`` computes ``x @ w.T + bias`` from that.
+
+Both forms here are W8A8 with dynamic activation scales: every row of the input gets its own scale on every call
+(absmax / the format's largest value), every output channel of the weight its own (once, at ``quantize``). They run
+on torch's own 8-bit matrix products, ``torch._scaled_mm`` (FP8) and ``torch._int_mm`` (INT8), with the scaling
+written here in a few lines of torch, so that torch.compile fuses the activation's quantization and the INT8
+epilogue and the call stays free of host synchronisation (CUDA graphs). torchao's
+``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`` and ``Int8DynamicActivationInt8WeightConfig``
+compute the same functions through tensor subclasses that replace the module's weight; ditgate keeps the host's
+weight in its custody instead (exact detach, the host path for calls a form cannot serve), so it calls the two
+products directly rather than depend on torchao.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .base import Availability, Precision, Probed
+
+# The largest finite values of the two 8-bit formats, the ends of the symmetric scales.
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
+INT8_MAX = 127.0
+# A row of zeros gets this scale instead of 0 (its quantized values are then 0, and so is its product).
+_MIN_SCALE = 1e-12
+
+
+@dataclass(frozen=True)
+class LinearCall:
+    """Everything about one linear call that decides which forms may serve it (no tensors).
+
+    ``rows`` is the number of rows one call multiplies (M: every leading dimension of the input flattened), so
+    a batch of two at one resolution is another shape key than a batch of one.
+    """
+
+    rows: int
+    in_features: int
+    out_features: int
+    dtype: str
+    device_type: str
+    capability: tuple[int, int] | None
+    needs_grad: bool
+
+    @property
+    def shape_key(self) -> str:
+        """The key a speed verdict holds for (M, K, N, dtype), shared by every site with the same key."""
+        return f"M{self.rows}:K{self.in_features}:N{self.out_features}:{self.dtype}"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.rows * self.in_features * self.out_features
+
+    def shapes_text(self) -> str:
+        return f"x[{self.rows},{self.in_features}] w[{self.out_features},{self.in_features}]"
+
+
+def describe_linear(x: torch.Tensor, out_features: int, needs_grad: bool,
+                    capability: tuple[int, int] | None) -> LinearCall:
+    return LinearCall(rows=x.numel() // max(1, x.shape[-1]) if x.ndim else 1, in_features=x.shape[-1] if x.ndim else 0,
+                      out_features=out_features, dtype=str(x.dtype).removeprefix("torch."),
+                      device_type=x.device.type, capability=capability, needs_grad=needs_grad)
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """The declared envelope of a linear form. Every field is checked by ``linear_spec_reasons``."""
+
+    name: str
+    precision: Precision
+    description: str
+    devices: frozenset[str]
+    dtypes: frozenset[str]
+    cuda_dtypes: frozenset[str] | None = None  # where CUDA serves fewer input dtypes than ``dtypes``
+    min_rows: int = 1
+    k_multiple: int = 1
+    n_multiple: int = 1
+    min_capability: tuple[int, int] | None = None  # CUDA only
+    package: str | None = None
+    error_bound: str | None = None
+
+
+def linear_spec_reasons(spec: LinearSpec, call: LinearCall, rows_known: bool = True) -> list[str]:
+    """Reasons, from the declaration alone, why ``spec`` cannot serve ``call`` (``rows_known=False``: at attach,
+    before any call, when the rows are not known yet)."""
+    reasons: list[str] = []
+    if call.device_type not in spec.devices:
+        reasons.append(f"device {call.device_type} not in {sorted(spec.devices)}")
+    dtypes = spec.cuda_dtypes if call.device_type == "cuda" and spec.cuda_dtypes is not None else spec.dtypes
+    if call.dtype not in dtypes:
+        reasons.append(f"dtype {call.dtype} not in {sorted(dtypes)} on {call.device_type}")
+    if rows_known and call.rows < spec.min_rows:
+        reasons.append(f"{call.rows} rows per call < {spec.min_rows}")
+    if call.in_features % spec.k_multiple:
+        reasons.append(f"in features {call.in_features} not a multiple of {spec.k_multiple}")
+    if call.out_features % spec.n_multiple:
+        reasons.append(f"out features {call.out_features} not a multiple of {spec.n_multiple}")
+    if call.needs_grad:
+        reasons.append("autograd is on and the form has no backward")
+    if call.device_type == "cuda" and spec.min_capability is not None and call.capability is not None \
+            and call.capability < spec.min_capability:
+        reasons.append(f"compute capability {call.capability} < {spec.min_capability}")
+    return reasons
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """What a form keeps on the device in place of a site's host weight."""
+
+    data: torch.Tensor  # [N, K] in the form's 8-bit format, row-major (its transpose is the column-major operand)
+    scale: torch.Tensor  # [1, N] float32: one scale per output channel
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size() + self.scale.numel() * self.scale.element_size()
+
+
+def rowwise_scale(t: torch.Tensor, largest: float) -> torch.Tensor:
+    """[rows, 1] float32: each row's absmax over the format's largest value (zero rows get a tiny scale)."""
+    return (t.abs().amax(dim=-1, keepdim=True).float() / largest).clamp(min=_MIN_SCALE)
+
+
+def quantize_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise e4m3: (values [rows, K] float8_e4m3fn, scales [rows, 1] float32), ``t ≈ values * scales``."""
+    scale = rowwise_scale(t, FP8_MAX)
+    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def quantize_int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise symmetric int8 (round to nearest): (values [rows, K] int8, scales [rows, 1] float32)."""
+    scale = rowwise_scale(t, INT8_MAX)
+    return torch.round(t.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's [M, K] input, row-wise: in one Triton launch on a GPU (``kernels.rowwise_quant``: the eager ops
+    above move about ten times the bytes), the same numerics through torch ops elsewhere and inside a compiled
+    graph (where inductor fuses them into one kernel of its own)."""
+    if x.device.type == "cuda" and not torch.compiler.is_compiling() and _fused_quantizer() is not None:
+        return _fused_quantizer()(x, fp8)
+    return quantize_fp8(x) if fp8 else quantize_int8(x)
+
+
+@functools.cache
+def _fused_quantizer():
+    """``kernels.rowwise_quant.quantize_rows``, or None where Triton cannot be imported (loaded once, read-only)."""
+    try:
+        from ..kernels.rowwise_quant import quantize_rows
+    except Exception:  # no Triton: the torch ops serve
+        return None
+    return quantize_rows
+
+
+class LinearForm(Probed):
+    """One executable implementation of ``F.linear`` for a site's calls, with the weight it keeps in the host's place.
+
+    Instances are made per plan (``create_linear_forms``); a form holds nothing per site itself: the router keeps
+    each site's ``QuantizedWeight``. ``quantizer`` turns a [rows, K] tensor into row-wise 8-bit values and scales.
+    """
+
+    spec: LinearSpec
+    quantizer: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+    def not_supported_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
+        avail = self.availability()
+        if not avail.available:
+            return [f"unavailable: {avail.reason}"]
+        return linear_spec_reasons(self.spec, call, rows_known) + self.extra_reasons(call, rows_known)
+
+    def extra_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
+        """Reasons peculiar to this form beyond the declared envelope."""
+        return []
+
+    def quantize(self, weight: torch.Tensor) -> QuantizedWeight:
+        """The weight this form keeps for a site (from the host's [N, K] weight, on the weight's device)."""
+        data, scale = self.quantizer(weight.detach())
+        return QuantizedWeight(data.contiguous(), scale.reshape(1, -1).contiguous())
+
+    def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [M, K] in the host's dtype -> [M, N] in that dtype, ``bias`` added."""
+        raise NotImplementedError
+
+
+def _probe_op(op_name: str) -> Availability:
+    if not hasattr(torch, op_name):
+        return Availability(False, f"torch {torch.__version__} has no torch.{op_name}", torch.__version__)
+    return Availability(True, "", torch.__version__)
+
+
+class Fp8RowwiseLinear(LinearForm):
+    """FP8 e4m3 W8A8: row-wise dynamic activation scales, per-channel weight scales, ``torch._scaled_mm``.
+
+    On CUDA the product needs Ada or Hopper (sm89+), K and N multiples of 16 and a bf16 output for row-wise scales
+    (fp16 inputs get a bf16 product cast back). On a CPU torch 2.13 runs ``torch._scaled_mm`` too: its float32 output
+    is the emulation exactly (both operands quantized to e4m3 with the same scales, the product in float32).
+    """
+
+    spec = LinearSpec(
+        name="fp8_linear",
+        precision=Precision.BOUNDED,
+        description="FP8 e4m3 W8A8 linear: dynamic row-wise activation scales, per-channel weight scales "
+                    "(torch._scaled_mm)",
+        devices=frozenset({"cuda", "cpu"}),
+        dtypes=frozenset({"bfloat16", "float16", "float32"}),
+        cuda_dtypes=frozenset({"bfloat16", "float16"}),
+        k_multiple=16,
+        n_multiple=16,
+        min_capability=(8, 9),
+        package="torch",
+        error_bound="each operand element within 2^-4 of its value (relative) or 2^-10 of its row's scale (absolute); "
+                    "the product summed in float32",
+    )
+    quantizer = staticmethod(quantize_fp8)
+
+    def _probe(self) -> Availability:
+        return _probe_op("_scaled_mm")
+
+    def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        xq, xs = quantize_activation(x, fp8=True)
+        out_dtype = torch.bfloat16 if x.device.type == "cuda" and x.dtype != torch.bfloat16 else x.dtype
+        fused_bias = bias if bias is not None and bias.dtype == out_dtype else None
+        out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
+                               out_dtype=out_dtype)
+        out = out.to(x.dtype)
+        if bias is not None and fused_bias is None:
+            out = out + bias
+        return out
+
+
+class Int8DynamicLinear(LinearForm):
+    """INT8 W8A8: row-wise dynamic symmetric activation scales, per-channel weight scales, ``torch._int_mm``.
+
+    The int32 product is scaled in float32 (an epilogue torch.compile fuses), cast to the host's dtype and biased.
+    On CUDA ``torch._int_mm`` needs more than 16 rows and K, N multiples of 8.
+    """
+
+    spec = LinearSpec(
+        name="int8_linear",
+        precision=Precision.BOUNDED,
+        description="INT8 W8A8 linear: dynamic row-wise activation scales, per-channel weight scales (torch._int_mm)",
+        devices=frozenset({"cuda", "cpu"}),
+        dtypes=frozenset({"bfloat16", "float16", "float32"}),
+        cuda_dtypes=frozenset({"bfloat16", "float16"}),
+        k_multiple=8,
+        n_multiple=8,
+        min_capability=(8, 0),
+        package="torch",
+        error_bound="each operand element within half its row's scale (absmax / 254); the int32 product exact",
+    )
+    quantizer = staticmethod(quantize_int8)
+
+    def _probe(self) -> Availability:
+        return _probe_op("_int_mm")
+
+    def extra_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
+        if rows_known and call.device_type == "cuda" and call.rows <= 16:
+            return [f"{call.rows} rows per call: torch._int_mm on CUDA needs more than 16"]
+        return []
+
+    def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        xq, xs = quantize_activation(x, fp8=False)
+        out = (torch._int_mm(xq, weight.data.t()).float() * xs * weight.scale).to(x.dtype)
+        return out if bias is None else out + bias
+
+
+# The documented order of linear forms for a plan that does not measure (``attach(..., linear=..., measure=False)``):
+# FP8 first where the GPU has it (twice the dense rate on Hopper, and the format torchao's row-wise recipe uses).
+LINEAR_PRIORITY: tuple[str, ...] = ("fp8_linear", "int8_linear")
+
+_LINEAR_CLASSES: dict[str, type[LinearForm]] = {cls.spec.name: cls for cls in (Fp8RowwiseLinear, Int8DynamicLinear)}
+
+
+class UnknownLinearFormError(ValueError):
+    pass
+
+
+def check_linear_form_names(names) -> tuple[str, ...]:
+    names = tuple(names)
+    unknown = [n for n in names if n not in _LINEAR_CLASSES]
+    if unknown:
+        raise UnknownLinearFormError(f"unknown linear form name(s) {unknown}; known linear forms: "
+                                     f"{', '.join(LINEAR_PRIORITY)}")
+    return names
+
+
+def create_linear_forms(names=None) -> dict[str, LinearForm]:
+    """Fresh linear form instances, by name, in the documented order (all of them when ``names`` is None)."""
+    wanted = check_linear_form_names(names) if names is not None else LINEAR_PRIORITY
+    return {name: _LINEAR_CLASSES[name]() for name in wanted}

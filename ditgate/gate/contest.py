@@ -1,0 +1,223 @@
+"""One site's contest among its candidate forms: timing shared through the book, accuracy checked here.
+
+The old gate timed every candidate at every site in paired rounds: a model of thirty identical blocks paid thirty
+times for one answer, 130 to 230 forwards of calibration. Here the work a site does is only what its verdict needs:
+
+1. Every entrant the book knows nothing of at this key is run once (the warm-up, whose output is also this site's
+   accuracy sample) and, if it passed, screened: timed alone (the better of two samples) against the host.
+2. An entrant that cannot pass the speed gate on what is known (a screening ratio more than ``screen_margin``
+   below ``min_speedup``, or paired rounds below it) is refused, at any site with that key, without running.
+3. The *top* entrants, those within ``screen_margin`` of the best known ratio, are the only ones whose accuracy is
+   checked at this site (one call each) and that get paired rounds (once per key, in the book). One that fails its
+   floor here leaves the top, and the next one in reach enters it; the loop ends when every top entrant has a
+   paired timing and passed here.
+4. The verdict picks among the top as before: the fastest exact form, a bounded one only if it beats that by the
+   speed threshold too. The rest are refused as outranked, with the timing that put them out and where it was taken.
+
+With ``screen_margin=None`` nothing is screened and every entrant is checked and paired (the per-site gate), and a
+profile with ``share_timing=False`` gives each site a private book: that is the old gate, kept for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..forms import Precision
+from .accuracy import Accuracy, compare
+from .book import BookTiming, TimingBook, TimingKey
+from .memory import measure_memory
+from .profiles import Profile
+from .timing import paired_timing, reps_for, sync, time_once
+from .verdict import LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, Measurement, Refusal
+
+SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
+SCREEN_SAMPLES = 2
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """One candidate at one site: how to run it on the site's live input, and its key in the book."""
+
+    name: str
+    precision: str  # a ``Precision`` value
+    key: TimingKey
+    run: Callable[[], torch.Tensor]  # one call on the live input, in the form's own layout
+    to_host: Callable[[torch.Tensor], torch.Tensor]  # that output as the host's would be
+    resident_bytes: Callable[[], int]
+
+
+@dataclass(frozen=True)
+class ContestResult:
+    chosen: Measurement | None
+    measured: tuple[Measurement, ...]  # every entrant with a known timing (cosine NaN where not run here)
+    refusals: tuple[Refusal, ...]
+
+
+def _measurement(e: Entrant, t: BookTiming, acc: Accuracy | None) -> Measurement:
+    return Measurement(e.name, e.precision, t.ratio, t.ratio_min, t.ratio_max, t.host_ms, t.form_ms,
+                       acc.cosine if acc else math.nan, acc.rel_l2 if acc else math.nan, t.peak_bytes,
+                       t.resident_bytes, rounds=t.rounds, screened=t.screened, timed_at=t.site,
+                       from_cache=t.from_cache, first_ms=t.first_ms)
+
+
+def pick(winners: list[Measurement], min_speedup: float) -> Measurement | None:
+    """The fastest exact winner; a bounded one only if it beats that by the speed threshold too."""
+    exact = [m for m in winners if m.precision == Precision.EXACT.value]
+    bounded = [m for m in winners if m.precision != Precision.EXACT.value]
+    best_exact = max(exact, key=lambda m: m.ratio, default=None)
+    best_bounded = max(bounded, key=lambda m: m.ratio, default=None)
+    if best_bounded is not None and (best_exact is None or best_bounded.ratio >= best_exact.ratio * min_speedup):
+        return best_bounded
+    return best_exact
+
+
+class _Contest:
+    def __init__(self, site: str, shape_key: str, entrants: list[Entrant], host: Callable[[], torch.Tensor],
+                 host_out: torch.Tensor, profile: Profile, book: TimingBook, device: torch.device) -> None:
+        self.site, self.shape_key, self.host, self.host_out = site, shape_key, host, host_out
+        self.p, self.book, self.device = profile, book, device
+        self.margin = profile.screen_margin if profile.screen_margin else math.inf
+        self.live = list(entrants)
+        self.accuracy: dict[str, Accuracy] = {}
+        self.first_ms: dict[str, float] = {}
+        self.refusals: list[Refusal] = []
+        self.measured: list[Measurement] = []
+        self._host_ms: float | None = None
+
+    def refuse(self, e: Entrant, kind: str, detail: str, timing: BookTiming | None = None) -> None:
+        self.live.remove(e)
+        self.refusals.append(Refusal(e.name, kind, detail))
+        if timing is not None:  # what put it out stays in the verdict's measurements
+            self.measured.append(_measurement(e, timing, self.accuracy.get(e.name)))
+
+    def check_accuracy(self, e: Entrant) -> None:
+        """One call on this site's input: the warm-up where nothing ran yet, and this site's accuracy sample."""
+        started = time.perf_counter()
+        try:
+            out = e.run()
+            if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs
+                sync(self.device)
+                self.first_ms[e.name] = (time.perf_counter() - started) * 1e3
+            acc = compare(e.to_host(out), self.host_out)
+            del out
+        except Exception as exc:  # never fail the call: the host's output is already made
+            self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
+            return
+        if not acc.finite or acc.cosine < self.p.min_call_cosine:
+            self.refuse(e, LESS_ACCURATE, f"cosine {acc.cosine:.6f} < {self.p.min_call_cosine} (rel L2 {acc.rel_l2:.2e})")
+            return
+        if self.p.max_call_rel_l2 is not None and acc.rel_l2 > self.p.max_call_rel_l2:
+            self.refuse(e, LESS_ACCURATE, f"rel L2 {acc.rel_l2:.2e} > {self.p.max_call_rel_l2} (cosine {acc.cosine:.6f})")
+            return
+        self.accuracy[e.name] = acc
+
+    def _screen_ms(self, fn: Callable[[], object]) -> float:
+        """The better of two samples: one sample is what screening affords, the second keeps a single stall of the
+        machine from putting a fast form out of reach."""
+        reps = reps_for(fn, self.device, SCREEN_TARGET_MS)
+        return min(time_once(fn, self.device, reps) for _ in range(SCREEN_SAMPLES))
+
+    def screen(self, e: Entrant) -> None:
+        if self._host_ms is None:
+            self._host_ms = self._screen_ms(self.host)
+        try:
+            form_ms = self._screen_ms(e.run)
+        except Exception as exc:
+            self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
+            return
+        self.book.put(e.key, BookTiming.screening(self._host_ms, form_ms, self.site, self.first_ms.get(e.name, 0.0)))
+
+    def pair(self, e: Entrant) -> None:
+        try:
+            mem = measure_memory(e.run, self.device, e.resident_bytes)
+            timing = paired_timing(self.host, e.run, self.device, self.p.rounds)
+        except Exception as exc:
+            self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
+            return
+        known = self.book.get(e.key)
+        first = self.first_ms.get(e.name, known.first_ms if known is not None else 0.0)
+        self.book.put(e.key, BookTiming.paired(timing, mem.peak_bytes, mem.resident_bytes, self.site, first))
+
+    def slower_text(self, e: Entrant, t: BookTiming) -> str:
+        m = _measurement(e, t, None)
+        below = f", more than the screening margin {self.margin:g} below" if t.screened else ""
+        return (f"{t.ratio:.3f}x [{t.ratio_min:.3f}-{t.ratio_max:.3f}] < {self.p.min_speedup}x{below} at "
+                f"{self.shape_key} ({m.timing_text(self.site)})")
+
+    def step(self) -> bool:
+        """One action of the loop; True while it acted (refused, checked, screened or paired something). Accuracy
+        and screening of everything in reach come before any paired rounds, so that no form is paired that a
+        faster one, still unscreened, would have put out of reach."""
+        known = {e.name: self.book.get(e.key) for e in self.live}
+        for e in list(self.live):
+            t = known[e.name]
+            if t is None:
+                continue
+            bar = self.p.min_speedup / self.margin if t.screened else self.p.min_speedup
+            if t.ratio < bar:
+                self.refuse(e, SLOWER, self.slower_text(e, t), t)
+                return True
+            if not t.screened and self.p.max_extra_bytes is not None and \
+                    max(t.peak_bytes, t.resident_bytes) > self.p.max_extra_bytes:
+                self.refuse(e, OVER_MEMORY, f"{max(t.peak_bytes, t.resident_bytes)} B > {self.p.max_extra_bytes} B", t)
+                return True
+        best = max((t.ratio for t in known.values() if t is not None), default=0.0)
+        top = self.top(known, best)
+        for e in top:
+            if e.name not in self.accuracy:
+                self.check_accuracy(e)
+                return True
+        if self.margin != math.inf:
+            for e in top:
+                if known[e.name] is None:
+                    self.screen(e)
+                    return True
+        for e in top:
+            t = known[e.name]
+            if t is None or t.screened:
+                self.pair(e)
+                return True
+        return False
+
+    def top(self, known: dict[str, BookTiming | None], best: float) -> list[Entrant]:
+        return [e for e in self.live if known[e.name] is None or known[e.name].ratio * self.margin >= best]
+
+    def result(self) -> ContestResult:
+        known = {e.name: self.book.get(e.key) for e in self.live}
+        best = max((t.ratio for t in known.values() if t is not None), default=0.0)
+        top = self.top(known, best)
+        winners = [_measurement(e, known[e.name], self.accuracy[e.name]) for e in top]
+        chosen = pick(winners, self.p.min_speedup)
+        for m in winners:
+            if m is not chosen:
+                self.refusals.append(Refusal(m.form, OUTRANKED, f"passed at {m.ratio:.3f}x but {chosen.form} "
+                                                                f"({chosen.precision}) at {chosen.ratio:.3f}x was chosen"))
+        measured = self.measured + winners
+        for e in self.live:
+            if e in top:
+                continue
+            t = known[e.name]
+            m = _measurement(e, t, self.accuracy.get(e.name))
+            measured.append(m)
+            lead = max(winners, key=lambda w: w.ratio)
+            unrun = "" if e.name in self.accuracy else "; not run here"
+            self.refusals.append(Refusal(e.name, OUTRANKED, f"{t.ratio:.3f}x ({m.timing_text(self.site)}) more than "
+                                                            f"{self.margin:g}x below {lead.form} at {lead.ratio:.3f}x"
+                                                            + unrun))
+        return ContestResult(chosen, tuple(measured), tuple(self.refusals))
+
+
+def contest(site: str, shape_key: str, entrants: list[Entrant], host: Callable[[], torch.Tensor],
+            host_out: torch.Tensor, profile: Profile, book: TimingBook, device: torch.device) -> ContestResult:
+    """The verdict's measurements at one site (see the module docstring). The host's output is already made;
+    nothing here changes what the caller returns."""
+    c = _Contest(site, shape_key, entrants, host, host_out, profile, book, device)
+    with torch.no_grad():
+        while c.step():
+            pass
+    return c.result()

@@ -1,0 +1,223 @@
+"""Custody of one linear site's module: its routed forward, the weights a form keeps, and the host's weight.
+
+While a site is served by a quantized form, the form's weights (8-bit values and per-channel scales) are buffers of
+the site's module, so that they follow the module wherever ``module.to(...)`` sends it (``enable_model_cpu_offload``
+moves the whole model each step), and the host's weight leaves the device: the original ``Parameter`` object keeps
+its values in CPU memory (pinned where CUDA is available, so that the host path's copy back is asynchronous), or on
+the device when the plan was asked to keep it there. In its place the module holds a ``HeldWeight``: a stand-in
+with the host weight's shape, dtype and device and no storage, so that what reads ``module.weight`` for its
+metadata (PEFT sizing and placing a LoRA adapter, ``ModelMixin.dtype``, a pipeline's device) reads what it read
+before, and what would compute with it (PEFT fusing a LoRA into it, a cast to another dtype) stops with a sentence
+that names the site instead of a wrong result.
+
+``restore`` puts the original ``Parameter`` object back with its values, dtype and the device its module is on now,
+removes the buffers and the routed forward: the module is as it was (``state_dict()`` equal, bit for bit).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from ..forms.linear import QuantizedWeight
+
+logger = logging.getLogger("ditgate")
+
+_aten = torch.ops.aten
+PAYLOAD_DATA = "ditgate_qweight"
+PAYLOAD_SCALE = "ditgate_wscale"
+KEEP_HOST = ("cpu", "device")
+
+
+class HeldWeightError(RuntimeError):
+    """An operation that needs the values of a host weight that ditgate holds while a quantized form serves it."""
+
+
+class HeldWeight(torch.Tensor):
+    """A storage-less stand-in for a host weight in ditgate's custody: shape, dtype and device, no values."""
+
+    site: str
+    form: str
+
+    @staticmethod
+    def __new__(cls, shape, dtype: torch.dtype, device: torch.device, site: str, form: str):
+        stand_in = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=False)
+        stand_in.site, stand_in.form = site, form
+        return stand_in
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return (f"HeldWeight(site={self.site!r}, form={self.form!r}, shape={tuple(self.shape)}, dtype={self.dtype}, "
+                f"device={self.device})")
+
+    def _like(self, device: torch.device | None = None) -> HeldWeight:
+        return HeldWeight(self.shape, self.dtype, device if device is not None else self.device, self.site, self.form)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        me = args[0]
+        if func in (_aten.detach.default, _aten.alias.default):
+            return me._like()
+        if func is _aten._to_copy.default:
+            dtype = kwargs.get("dtype")
+            if dtype is not None and dtype != me.dtype:
+                raise HeldWeightError(
+                    f"ditgate: {me.site}'s weight is quantized ({me.form}) by an attached plan and cannot be cast to "
+                    f"{dtype}; detach the plan (plan.detach()) before changing the model's dtype")
+            return me._like(kwargs.get("device"))
+        raise HeldWeightError(
+            f"ditgate: {me.site}'s weight is quantized ({me.form}) by an attached plan and has no values on the device "
+            f"({func} needs them). Fusing a LoRA into a quantized site (fuse_lora) is refused: its LoRA runs at full "
+            "precision beside the quantized weight instead; to fuse, detach the plan, fuse, and attach again")
+
+
+def _to_cpu_memory(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in CPU memory, pinned where CUDA is available (pinning needs a CUDA context)."""
+    pin = torch.cuda.is_available()
+    held = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+    held.copy_(t.detach())
+    return held
+
+
+def tensor_bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None or isinstance(t, HeldWeight) else t.numel() * t.element_size()
+
+
+class WeightCustody:
+    """Every change ditgate makes to one ``nn.Linear``, and the way back."""
+
+    def __init__(self, site: str, module: torch.nn.Linear) -> None:
+        self.site = site
+        self.module = module
+        self.original: torch.nn.Parameter = module._parameters["weight"]
+        self.requires_grad = self.original.requires_grad
+        self._forward: Callable | None = None
+        self.released_to: str | None = None  # "cpu" / "device" while the stand-in is in place
+        self.payload_form: str | None = None
+
+    # --- the routed forward --------------------------------------------------------------------------
+    def install_forward(self, forward: Callable) -> None:
+        self.module.forward = forward  # an instance attribute: this module alone, nothing process-wide
+        self._forward = forward
+
+    def _remove_forward(self) -> None:
+        if self._forward is None:
+            return
+        if self.module.__dict__.get("forward") is self._forward:
+            del self.module.__dict__["forward"]
+        else:
+            logger.warning("ditgate: %s's forward was replaced after attach (by a hook?); leaving it in place",
+                           self.site)
+        self._forward = None
+
+    # --- the form's weights --------------------------------------------------------------------------
+    def hold_payload(self, form: str, weight: QuantizedWeight) -> None:
+        self.module.register_buffer(PAYLOAD_DATA, weight.data, persistent=False)
+        self.module.register_buffer(PAYLOAD_SCALE, weight.scale, persistent=False)
+        self.payload_form = form
+
+    def payload(self) -> QuantizedWeight | None:
+        data = self.module._buffers.get(PAYLOAD_DATA)
+        return None if data is None else QuantizedWeight(data, self.module._buffers[PAYLOAD_SCALE])
+
+    def _drop_payload(self) -> None:
+        for name in (PAYLOAD_DATA, PAYLOAD_SCALE):
+            self.module._buffers.pop(name, None)
+        self.payload_form = None
+
+    # --- the host's weight ---------------------------------------------------------------------------
+    def release_host(self, keep: str) -> None:
+        """Put the stand-in in the host weight's place; its values go to CPU memory (``keep="cpu"``) or stay."""
+        if keep not in KEEP_HOST:
+            raise ValueError(f"keep_host must be one of {KEEP_HOST}, not {keep!r}")
+        if self.released_to is not None:
+            return
+        weight = self.original
+        stand_in = HeldWeight(weight.shape, weight.dtype, weight.device, self.site, self.payload_form or "?")
+        if keep == "cpu":
+            weight.data = _to_cpu_memory(weight.data)
+        self.module._parameters["weight"] = torch.nn.Parameter(stand_in, requires_grad=False)
+        self.released_to = keep
+
+    def bring_back_host(self) -> None:
+        """The host weight back on the module's device (a site that needs the host path at a live shape)."""
+        if self.released_to is None:
+            return
+        stand_in = self.module._parameters.get("weight")
+        device = stand_in.device if isinstance(stand_in, HeldWeight) else self.original.device
+        if self.original.device != device or self.original.is_pinned():
+            self.original.data = self.original.data.to(device, copy=True)
+        if isinstance(stand_in, HeldWeight):
+            self.module._parameters["weight"] = self.original
+        else:
+            logger.warning("ditgate: %s's weight was replaced after attach; leaving the new one in place", self.site)
+        self.released_to = None
+
+    def host_weight(self, device: torch.device) -> torch.Tensor:
+        """The host's weight on ``device`` for one host-path call (copied there for the call where it is held)."""
+        if self.released_to is None:
+            return self.module.weight
+        weight = self.original
+        return weight if weight.device == device else weight.to(device, non_blocking=True)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module's weight is now (the stand-in moves with the module)."""
+        return self.module._parameters["weight"].device
+
+    # --- accounting ----------------------------------------------------------------------------------
+    def bytes_before(self) -> int:
+        return tensor_bytes(self.original) + tensor_bytes(self.module.bias)
+
+    def bytes_now(self) -> int:
+        """Bytes this site holds on its module's device now: the form's weights, the bias, the host weight if there."""
+        host = tensor_bytes(self.original) if self.original.device == self.device else 0
+        payload = self.payload()
+        return host + (payload.nbytes if payload is not None else 0) + tensor_bytes(self.module.bias)
+
+    # --- the way back --------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """The module exactly as before attach (on the device it is on now); a second call does nothing."""
+        self.bring_back_host()
+        self._drop_payload()
+        self._remove_forward()
+
+
+class LoraFuseRefusedError(HeldWeightError):
+    """``fuse_lora`` on a model whose linear sites are served by quantized forms."""
+
+
+def guard_fuse_lora(model: torch.nn.Module, quantized_sites: Callable[[], list[str]]) -> Callable[[], None]:
+    """Refuse ``model.fuse_lora`` (diffusers' PEFT mixin; pipelines' ``fuse_lora`` calls it per component) before it
+    changes anything while any site is quantized, with the reason; returns the way to take the guard off.
+
+    Fusing would add the LoRA's delta into the host's weight, which is not on the device and not what the quantized
+    weights were made from; the LoRA stays exact beside the quantized base instead. The guard is an attribute of this
+    model instance alone."""
+    fuse = getattr(model, "fuse_lora", None)
+    if not callable(fuse):
+        return lambda: None
+
+    def fuse_lora(*args, **kwargs):
+        sites = quantized_sites()
+        if sites:
+            raise LoraFuseRefusedError(
+                f"ditgate: fuse_lora refused: {len(sites)} linear site(s) of this model are served by quantized forms "
+                f"(first: {sites[0]}). Their LoRA runs at full precision beside the quantized weights, which is exact; "
+                "to fuse, detach the plan (plan.detach()), fuse, and attach again (the fused weights are measured anew)")
+        return fuse(*args, **kwargs)
+
+    model.fuse_lora = fuse_lora
+
+    def remove() -> None:
+        if model.__dict__.get("fuse_lora") is fuse_lora:
+            del model.__dict__["fuse_lora"]
+
+    return remove

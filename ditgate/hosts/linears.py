@@ -1,0 +1,107 @@
+"""Finding the linear sites of a denoiser, by structure, with the role each plays.
+
+A linear site is a module whose forward is ``torch.nn.Linear``'s own (a subclass that overrides it does more than a
+product, and is left alone). It is named by its module path; where PEFT wrapped it for a LoRA (a module with a
+``base_layer``), the site is the wrapped base layer, named by the wrapper's path, so that the name stays the same
+whether a LoRA was loaded before attach, after it, or unloaded again; the adapters' own ``lora_A`` / ``lora_B``
+linears are never sites (the LoRA branch runs at full precision beside whatever serves the base).
+
+Roles, read from where the linear sits (never from class names):
+- ``attn.q`` / ``attn.k`` / ``attn.v`` / ``attn.out``, and ``attn.add_q`` ... ``attn.add_out`` for a joint
+  attention's second stream: a linear under an attention module (one that owns a callable ``processor``), named by
+  the attribute it hangs from (diffusers' convention: ``to_q``, ``add_k_proj``, ``to_out.0``, ``to_add_out``);
+  other linears there are ``attn.other``.
+- ``feed-forward``: a linear under a feed-forward container (a module path component ``ff``, ``ffn``,
+  ``ff_context`` ...: diffusers' name for the MLP of a block, however its activation is built).
+- ``modulation``: the only linear of its parent beside a parameter-free activation (adaLN's SiLU -> Linear, a
+  time projection): one row per sample, a product too small to win on a GPU.
+- ``feed-forward``: any other linear inside a transformer block (a module holding an attention module).
+- ``embedding`` / ``output``: outside every block, before the last block's modules (patch, text, time embedders)
+  or after them (the final projection).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ATTENTION_ROLES = {
+    "to_q": "attn.q", "to_k": "attn.k", "to_v": "attn.v", "to_out": "attn.out",
+    "add_q_proj": "attn.add_q", "add_k_proj": "attn.add_k", "add_v_proj": "attn.add_v", "to_add_out": "attn.add_out",
+}
+# what a plan that does not measure quantizes unless told otherwise: the products that run on every token
+TOKEN_ROLES: tuple[str, ...] = tuple(dict.fromkeys(ATTENTION_ROLES.values())) + ("feed-forward",)
+ALL_ROLES: tuple[str, ...] = TOKEN_ROLES + ("attn.other", "modulation", "embedding", "output")
+_ACTIVATIONS = (torch.nn.SiLU, torch.nn.GELU, torch.nn.ReLU, torch.nn.Tanh, torch.nn.Mish, torch.nn.Sigmoid)
+
+
+@dataclass(frozen=True)
+class LinearSite:
+    """One linear of a denoiser: its path (prefixed by the component name), the module itself, and its role."""
+
+    path: str
+    module: torch.nn.Linear
+    role: str
+
+
+def is_plain_linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _attention_role(relative: str) -> str:
+    head = relative.split(".")[0]
+    return ATTENTION_ROLES.get(head, "attn.other")
+
+
+def _is_modulation(parent: torch.nn.Module) -> bool:
+    children = list(parent.children())
+    linears = [c for c in children if isinstance(c, torch.nn.Linear) or isinstance(getattr(c, "base_layer", None),
+                                                                                   torch.nn.Linear)]
+    activation = any(isinstance(c, _ACTIVATIONS) and not any(True for _ in c.parameters()) for c in children)
+    return len(linears) == 1 and activation
+
+
+def find_linear_sites(model: torch.nn.Module, prefix: str = "") -> list[LinearSite]:
+    """Every plain linear of ``model`` (PEFT's adapters excepted, its base layers included), with its role."""
+    modules = dict(model.named_modules())
+    attention = [name for name, m in modules.items() if callable(getattr(m, "processor", None))]
+    blocks = {name.rpartition(".")[0] for name in attention if "." in name}
+    wrapped = {name: m for name, m in modules.items() if isinstance(getattr(m, "base_layer", None), torch.nn.Module)}
+    order = {name: i for i, name in enumerate(modules)}
+    last_in_block = max((order[n] for n in modules if any(n.startswith(b + ".") for b in blocks)), default=-1)
+    found: list[LinearSite] = []
+    for name, module in modules.items():
+        if not is_plain_linear(module):
+            continue
+        logical = name
+        inside_wrapper = [w for w in wrapped if name.startswith(w + ".")]
+        if inside_wrapper:
+            owner = max(inside_wrapper, key=len)
+            if name != f"{owner}.base_layer":
+                continue  # one of the adapter's own linears (lora_A, lora_B)
+            logical = owner
+        elif name in wrapped:
+            continue  # a wrapper that is itself a linear: its base layer is the site
+        found.append(LinearSite(_join(prefix, logical), module, _role(logical, name, modules, attention, blocks,
+                                                                   order[name] < last_in_block)))
+    return found
+
+
+def _role(logical: str, name: str, modules: dict, attention: list[str], blocks: set[str], before: bool) -> str:
+    owners = [a for a in attention if logical.startswith(a + ".")]
+    if owners:
+        owner = max(owners, key=len)
+        return _attention_role(logical[len(owner) + 1:])
+    if any(part.startswith("ff") for part in logical.split(".")[:-1]):
+        return "feed-forward"
+    parent = modules[logical.rpartition(".")[0]] if "." in logical else None
+    if parent is not None and _is_modulation(parent):
+        return "modulation"
+    if any(logical.startswith(b + ".") for b in blocks):
+        return "feed-forward"
+    return "embedding" if before else "output"

@@ -1,0 +1,208 @@
+"""Per-site dispatch for linear sites: which form serves this call, with call-time fallback to the host.
+
+A ``LinearRouter`` is one ``nn.Linear`` of a denoiser. Its forward (the module's own, for this module only) asks the
+plan's linear chooser for a decision, checks the chosen form's reasons and its weights against the call, runs it,
+and hands the call to the host path if anything does not fit or the form raises; the ledger counts every call and
+why the host served it. The host path is the host's own product, ``F.linear`` with the host's weight and bias: the
+weight is the module's while the host keeps it, or the held original copied to the call's device (a call the form
+cannot take at a site whose host weight left the device: another dtype, autograd, a module moved by offloading).
+
+Inside torch.compile nothing here is counted: the decisions are plain Python on the call's dtype, device and shape,
+which the compiler guards on, and the served path is torch ops alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ..forms.linear import LinearCall, LinearForm, QuantizedWeight, describe_linear
+from ..hosts.linear_weights import WeightCustody
+from ..hosts.linears import LinearSite
+from .ledger import HOST, SiteLedger
+from .observer import RouteEvent
+from .site import Decision, RouterContext
+
+logger = logging.getLogger("ditgate")
+
+
+class LinearChooser(Protocol):
+    def decide(self, site: LinearRouter, call: LinearCall) -> Decision: ...
+
+    def measure(self, site: LinearRouter, call: LinearCall, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class LinearContext:
+    """What the linear sites of one plan share (owned by the plan): forms, chooser, and the attention routers'
+    context for the tally switch, the observer and the capability cache."""
+
+    forms: dict[str, LinearForm]
+    chooser: LinearChooser
+    route: RouterContext
+    keep_host: str = "cpu"
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+class LinearRouter:
+    def __init__(self, context: LinearContext, site: LinearSite) -> None:
+        self.context = context
+        self.name = site.path
+        self.role = site.role
+        self.module = site.module
+        self.custody = WeightCustody(site.path, site.module)
+        self.ledger = SiteLedger(max_failures=context.route.max_failures)
+        self.shapes: dict[str, LinearCall] = {}
+        self.candidates: dict[str, QuantizedWeight] = {}  # a form's weights made while measuring, before settling
+        self._reasons: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._seen_routes: set[tuple] = set()
+        self.custody.install_forward(self.forward)
+
+    # --- weights -------------------------------------------------------------------------------------
+    def weights_for(self, form: str) -> QuantizedWeight:
+        """The form's weights for this site: the settled ones, or made now from the host's weight (kept until the
+        site settles)."""
+        if self.custody.payload_form == form:
+            return self.custody.payload()
+        if form not in self.candidates:
+            self.candidates[form] = self.context.forms[form].quantize(self.host_weight(self.custody.device))
+        return self.candidates[form]
+
+    def host_weight(self, device: torch.device) -> torch.Tensor:
+        return self.custody.host_weight(device)
+
+    def settle(self, form: str | None) -> None:
+        """Keep ``form``'s weights in the module (the host's weight leaves the device per the plan's ``keep_host``),
+        or, for None, the host's weight alone; the other candidates' weights are dropped."""
+        if form is not None and self.custody.payload_form != form:
+            weights = self.weights_for(form)
+            self.custody.hold_payload(form, weights)
+            self.custody.release_host(self.context.keep_host)
+        self.candidates.clear()
+
+    def keep_candidates(self, forms: set[str | None]) -> None:
+        """Drop the weights made while measuring for every form but ``forms``."""
+        for name in [n for n in self.candidates if n not in forms]:
+            del self.candidates[name]
+
+    def unsettle(self) -> None:
+        """The host's weight back on the device (a live shape the host serves at a quantized site)."""
+        self.custody.bring_back_host()
+
+    # --- what the chooser and the gate use -------------------------------------------------------
+    def usable(self, form: str, call: LinearCall) -> tuple[str, ...]:
+        if form in self.ledger.disabled:
+            return (self.ledger.disabled[form],)
+        key = (form, call.shape_key + f":grad={int(call.needs_grad)}:{call.device_type}")
+        if key not in self._reasons:
+            self._reasons[key] = tuple(self.context.forms[form].not_supported_reasons(call))
+        return self._reasons[key]
+
+    def describe(self, x: torch.Tensor) -> LinearCall:
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.custody.requires_grad)
+        return describe_linear(x, self.module.out_features, needs_grad, self.context.route.capability(x.device))
+
+    def run_form(self, form: LinearForm, x: torch.Tensor, weights: QuantizedWeight) -> torch.Tensor:
+        out = form.run(x.reshape(-1, x.shape[-1]), weights, self.module.bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def run_host(self, x: torch.Tensor) -> torch.Tensor:
+        """The host's own product (``nn.Linear.forward``) with the host's weight on the call's device."""
+        return F.linear(x, self.host_weight(x.device), self.module.bias)
+
+    # --- the call path ---------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.ndim == 0:
+            return self.run_host(x)
+        call = self.describe(x)
+        if not _compiling():
+            self.shapes.setdefault(call.shape_key, call)
+        decision = self.context.chooser.decide(self, call)
+        if decision.measure:
+            self._tally_host(call, "calibrating")
+            return self.context.chooser.measure(self, call, x)
+        if decision.form is None:
+            return self._host(call, decision.reason, x)
+        blocked = self._blocked(decision.form, call, x)
+        if blocked:
+            return self._host(call, f"{decision.form}: {blocked}", x)
+        form = self.context.forms[decision.form]
+        try:
+            out = self.run_form(form, x, self.weights_for(form.name))
+        except Exception as exc:  # never fail a call the host could serve
+            return self._failed(form, exc, call, x)
+        if not _compiling():
+            if self.context.route.tally:
+                self.ledger.served(form.name)
+            self._observe(call, form.name, "")
+        return out
+
+    def _blocked(self, form: str, call: LinearCall, x: torch.Tensor) -> str:
+        """Why ``form`` cannot serve this call here (empty when it can): its envelope, or the call not fitting the
+        site (``mismatch``)."""
+        reasons = self.usable(form, call)
+        return reasons[0] if reasons else self.mismatch(x)
+
+    def mismatch(self, x: torch.Tensor) -> str:
+        """Why no form may serve this input at this site, whatever its envelope (empty when one may): another dtype
+        than the host's weight, another device than the module's, autocast on."""
+        weight = self.module._parameters["weight"]
+        if x.dtype != weight.dtype:
+            return f"input {str(x.dtype).removeprefix('torch.')}, host weight {str(weight.dtype).removeprefix('torch.')}"
+        if x.device != weight.device:
+            return f"input on {x.device}, the module's weights on {weight.device}"
+        if torch.is_autocast_enabled(x.device.type):
+            return "autocast is on"
+        return ""
+
+    def _tally_host(self, call: LinearCall, reason: str) -> None:
+        if _compiling():
+            return
+        if self.context.route.tally:
+            self.ledger.hosted(reason)
+        self._observe(call, HOST, reason)
+
+    def _host(self, call: LinearCall, reason: str, x: torch.Tensor) -> torch.Tensor:
+        self._tally_host(call, reason)
+        return self.run_host(x)
+
+    def _failed(self, form: LinearForm, exc: Exception, call: LinearCall, x: torch.Tensor) -> torch.Tensor:
+        if not _compiling() and self.ledger.failed(form.name, exc):
+            logger.warning("ditgate: %s: linear form %s %s; the host serves this site from now on",
+                           self.name, form.name, self.ledger.disabled[form.name])
+        return self._host(call, f"{form.name} raised", x)
+
+    def _observe(self, call: LinearCall, route: str, reason: str) -> None:
+        key = (route, reason, call.shape_key)
+        if key in self._seen_routes:
+            return
+        self._seen_routes.add(key)
+        self.context.route.observe(RouteEvent(self.name, self.role, route, reason, call.shapes_text(), call.dtype,
+                                              "-"))
+
+    # --- the way back --------------------------------------------------------------------------
+    def detach(self) -> None:
+        self.candidates.clear()
+        self.custody.restore()
+
+
+class StaticLinearChooser:
+    """A plan that does not measure: each site's form is fixed at attach (``settle``); a call that form cannot take
+    goes to the host with the reason."""
+
+    def __init__(self, chosen: dict[str, tuple[str | None, str]]) -> None:
+        self.chosen = chosen  # site name -> (form or None, why the host serves it)
+
+    def decide(self, site: LinearRouter, call: LinearCall) -> Decision:
+        form, why = self.chosen.get(site.name, (None, "not chosen"))
+        return Decision(form, why)
+
+    def measure(self, *args, **kwargs):  # never asked: decide() never returns measure=True
+        raise AssertionError("the static linear chooser does not measure")

@@ -1,0 +1,250 @@
+"""Calibration that costs a few forwards: timing shared per shape key, accuracy per site, the cache, the budget,
+progress, and a whole-model check of two forwards."""
+
+import dataclasses
+import json
+import logging
+import math
+
+import pytest
+
+import ditgate
+from ditgate.gate import TimingCache
+from ditgate.models.presets import get_preset
+
+from .helpers import FakeForm, Tiny
+
+# speed decides nothing in these tests except where a form is slowed on purpose (see test_gate.LENIENT)
+LENIENT = dataclasses.replace(ditgate.PROFILES["quality"], name="lenient", min_speedup=1e-3, min_whole_ratio=1e-3,
+                              rounds=3)
+# the per-site gate of before: every candidate timed in paired rounds at every site
+PER_SITE = dataclasses.replace(LENIENT, name="per-site", screen_margin=None, share_timing=False)
+
+
+def _wan(layers: int) -> Tiny:
+    preset = get_preset("tiny-wan")
+    return Tiny(dataclasses.replace(preset, config={**preset.config, "num_layers": layers}))
+
+
+def _by_key(plan) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for v in plan.chooser.verdicts.values():
+        out.setdefault(v.shape_key, []).append(v)
+    return out
+
+
+class PerSite(FakeForm):
+    """Exact SDPA that counts its calls per attention module (the one whose forward is running)."""
+
+    def __init__(self, name: str, model) -> None:
+        super().__init__(name)
+        self.per_site: dict[str, int] = {}
+        self.current = ""
+        for path, module in model.named_modules():
+            if callable(getattr(module, "processor", None)):
+                module.register_forward_pre_hook(lambda m, a, path=path: setattr(self, "current", path))
+
+    def run(self, inputs):
+        self.per_site[self.current] = self.per_site.get(self.current, 0) + 1
+        return super().run(inputs)
+
+
+def test_six_same_shape_blocks_time_each_form_once_per_shape_key():
+    tiny = _wan(6)
+    good = PerSite("good", tiny.model)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[good], timing_cache=False)
+    tiny.forward()
+    by_key = _by_key(plan)
+    assert len(by_key) == 2 and all(len(vs) == 6 for vs in by_key.values())  # self and cross, six blocks each
+    assert plan.chooser.book.timed == 2 * len(by_key)  # one screening timing and one paired timing per key
+    for vs in by_key.values():
+        timed_at = {v.chosen.timed_at for v in vs}
+        assert len(timed_at) == 1, timed_at  # every site of a key reads the timing its first site made
+        first = timed_at.pop()
+        for v in vs:
+            assert v.form == "good" and v.chosen.rounds == 3 and not v.chosen.screened
+            assert math.isfinite(v.chosen.cosine)  # accuracy checked at every site on its own input
+            assert ("timed here" in v.summary) == (v.site == first), v.summary
+            assert (f"shared from {first}" in v.summary) == (v.site != first)
+            # elsewhere the form ran twice: its accuracy call, and the whole-model check's routed pass
+            assert (good.per_site[v.site] == 2) == (v.site != first), (v.site, good.per_site)
+
+
+def test_accuracy_is_checked_per_site_even_when_its_key_passed_elsewhere():
+    tiny = _wan(4)
+    flaky = FakeForm("flaky")
+    wrong_blocks = {2}
+
+    def set_noise(index):
+        def pre(module, args, kwargs):
+            flaky.noise = 0.5 if index in wrong_blocks else 0.0
+        return pre
+
+    for i, block in enumerate(tiny.model.blocks):
+        block.register_forward_pre_hook(set_noise(i), with_kwargs=True)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["flaky"], extra_forms=[flaky], timing_cache=False)
+    tiny.forward()
+    for (site, _), v in plan.chooser.verdicts.items():
+        if site.startswith("blocks.2."):
+            assert v.form is None
+            (refusal,) = [r for r in v.refusals if r.form == "flaky"]
+            assert refusal.kind == "less accurate", v.refusals
+        else:
+            assert v.form == "flaky", v.summary
+
+
+def test_a_form_that_cannot_win_is_screened_out_by_one_call_and_never_paired():
+    tiny = _wan(3)
+    fast, slow = FakeForm("fast"), FakeForm("slow", delay_s=0.02)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["fast", "slow"], extra_forms=[fast, slow],
+                          timing_cache=False)
+    tiny.forward()
+    for v in plan.chooser.verdicts.values():
+        assert v.form == "fast", v.summary
+        (refusal,) = [r for r in v.refusals if r.form == "slow"]
+        assert refusal.kind in ("outranked", "slower") and "screening timing" in refusal.detail
+        (m,) = [m for m in v.measured if m.form == "slow"]
+        assert m.screened and m.rounds == 1
+    first_sites = {v.chosen.timed_at for v in plan.chooser.verdicts.values()}
+    # slow ran at the first site of each key only (a warm-up, two screening samples after one to count
+    # repetitions); never at the other blocks
+    assert slow.calls == len(first_sites) * (1 + 1 + 2)
+
+
+def test_the_per_site_gate_and_the_shared_gate_choose_the_same_forms():
+    tiny = _wan(3)
+    choices = {}
+    for profile in (PER_SITE, LENIENT):
+        forms = [FakeForm("fast"), FakeForm("slow", delay_s=0.05)]  # far beyond a loaded machine's stalls
+        plan = ditgate.attach(tiny.model, profile=profile, forms=["fast", "slow"], extra_forms=forms,
+                              timing_cache=False)
+        tiny.forward()
+        choices[profile.name] = {k: v.form for k, v in plan.chooser.verdicts.items()}
+        if profile is PER_SITE:  # every form paired at every site: nothing shared, nothing screened
+            assert all(not m.screened and m.timed_at == v.site for v in plan.chooser.verdicts.values()
+                       for m in v.measured)
+        plan.detach()
+    assert choices["per-site"] == choices["lenient"]
+
+
+def test_a_second_plan_reads_the_timing_cache_and_measures_only_accuracy(tmp_path):
+    cache = tmp_path / "timings.json"
+    tiny = _wan(2)
+    first = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                           timing_cache=cache)
+    tiny.forward()
+    routes = {k: v.form for k, v in first.chooser.verdicts.items()}
+    assert first.chooser.book.timed > 0 and cache.exists()
+    first.detach()
+    good = FakeForm("good")
+    second = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[good], timing_cache=cache)
+    tiny.forward()
+    assert second.chooser.book.timed == 0 and second.chooser.book.cache_hits > 0
+    assert {k: v.form for k, v in second.chooser.verdicts.items()} == routes
+    assert all(v.chosen.from_cache and "from the timing cache" in v.summary for v in second.chooser.verdicts.values())
+    sites = len(second.chooser.verdicts)
+    assert good.calls == 2 * sites  # one accuracy call per site, and one in the whole-model check's routed pass
+    second.detach()
+
+
+def test_the_timing_cache_misses_when_the_environment_changes(tmp_path, monkeypatch):
+    cache = tmp_path / "timings.json"
+    tiny = _wan(2)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          timing_cache=cache)
+    tiny.forward()
+    plan.detach()
+    import ditgate.api.plan as plan_module
+
+    real = plan_module.environment
+
+    def upgraded(device=None):
+        env = real(device)
+        env["packages"] = dict(env["packages"], torch="99.0")
+        return env
+
+    monkeypatch.setattr(plan_module, "environment", upgraded)
+    other = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                           timing_cache=cache)
+    tiny.forward()
+    assert other.chooser.book.cache_hits == 0 and other.chooser.book.timed > 0
+    payload = json.loads(cache.read_text())
+    assert len(payload["environments"]) == 2  # both environments kept, each under its own key
+    other.detach()
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 99, "environments": {}})])
+def test_a_bad_cache_file_is_ignored_with_a_warning_and_replaced(tmp_path, caplog, content):
+    cache = tmp_path / "timings.json"
+    cache.write_text(content)
+    tiny = _wan(2)
+    with caplog.at_level(logging.WARNING, logger="ditgate.gate"):
+        plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                              timing_cache=cache)
+        tiny.forward()
+    assert plan.chooser.book.timed > 0 and all(v.form == "good" for v in plan.chooser.verdicts.values())
+    warned = [r.getMessage() for r in caplog.records if "timing cache" in r.getMessage()]
+    assert len(warned) == 1 and "ignored" in warned[0], warned
+    assert json.loads(cache.read_text())["version"] == 1  # replaced by a good file
+    assert TimingCache(cache).load(plan.chooser.book.environment)
+    plan.detach()
+
+
+def test_the_timing_cache_can_be_turned_off(tmp_path):
+    tiny = _wan(2)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          timing_cache=False)
+    tiny.forward()
+    assert plan.chooser.book.cache is None
+    assert not list((tmp_path / "ditgate-cache").glob("*"))  # the default folder (conftest) stays empty
+    plan.detach()
+
+
+def test_after_the_budget_sites_take_their_keys_verdict_or_the_host():
+    tiny = _wan(4)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          timing_cache=False, calibration_budget_s=1e-9)
+    tiny.forward()
+    verdicts = list(plan.chooser.verdicts.values())
+    measured = [v for v in verdicts if v.source == "measured"]
+    assert len(measured) == 1  # the first site spent the budget
+    for v in verdicts:
+        if v.source == "measured":
+            continue
+        if v.shape_key == measured[0].shape_key:
+            assert v.source == "shared" and v.form == measured[0].form
+            assert "budget" in v.note and measured[0].site in v.note and "accuracy not checked" in v.note
+        else:
+            assert v.source == "budget" and v.form is None and "budget" in v.summary
+    with pytest.raises(ValueError, match="calibration_budget_s"):
+        ditgate.attach(_wan(1).model, calibration_budget_s=-1)
+
+
+def test_progress_as_log_lines_and_as_a_bar(caplog, capsys):
+    tiny = _wan(2)
+    with caplog.at_level(logging.INFO, logger="ditgate.gate"):
+        plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                              timing_cache=False, progress=False)
+        tiny.forward()
+    lines = [r.getMessage() for r in caplog.records if "calibrating" in r.getMessage()]
+    assert lines and lines[-1].startswith("ditgate: calibrating model: 4/4 sites") and "(done)" in lines[-1]
+    plan.detach()
+    capsys.readouterr()
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          timing_cache=False, progress=True)
+    tiny.forward()
+    err = capsys.readouterr().err
+    assert "ditgate: calibrating model" in err and "4/4" in err
+    plan.detach()
+
+
+def test_the_whole_model_check_costs_two_forwards_when_it_passes():
+    tiny = _wan(2)
+    forwards = []
+    tiny.model.register_forward_pre_hook(lambda m, a: forwards.append(1))
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          timing_cache=False)
+    tiny.forward()
+    (check,) = plan.report().whole_model
+    assert check.passed and check.forwards == 2
+    assert len(forwards) == 3  # the user's calibrating forward, one host pass, one routed pass

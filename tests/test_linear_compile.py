@@ -1,0 +1,52 @@
+"""Routed linear sites under torch.compile: the decisions are guarded Python, the served path torch ops alone."""
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.gate import compare
+
+from .helpers import Tiny
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["int8_linear", "fp8_linear"])
+def test_a_routed_feed_forward_compiles_in_one_graph_and_computes_what_eager_does(form):
+    torch._dynamo.reset()
+    tiny = Tiny("tiny-wan")
+    ffn = tiny.model.blocks[0].ffn
+    x = torch.randn(1, 64, 32)
+    with torch.no_grad():
+        host = ffn(x)
+        plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, linear=[form])
+        eager = ffn(x)
+        compiled = torch.compile(ffn, fullgraph=True)(x)
+    assert torch.allclose(compiled, eager, rtol=0, atol=1e-5)
+    assert compare(compiled, host).rel_l2 > 1e-4  # the quantized form ran inside the graph, not the host
+    plan.detach()
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("form", ["fp8_linear", "int8_linear"])
+def test_a_routed_model_compiles_and_replays_as_a_cuda_graph(form):
+    from ditgate.models.presets import get_preset
+
+    torch._dynamo.reset()
+    preset = get_preset("tiny-wan")
+    model = preset.build("cuda", torch.bfloat16)
+    inputs = preset.inputs(model, "cuda", torch.bfloat16)
+    with torch.no_grad():
+        plan = ditgate.attach(model, forms=["sdpa_cudnn", "sdpa_flash", "sdpa_math"], measure=False,
+                              linear=ditgate.LinearSetting(forms=(form,), roles=("feed-forward",)))
+        if not any(s.weights == form for s in plan.report().linear.sites):
+            plan.detach()
+            pytest.skip(f"{form} serves no site on this GPU")
+        eager = model(**inputs)[0]
+        graphed = torch.compile(model, mode="reduce-overhead")
+        for _ in range(3):  # record, then replay
+            out = graphed(**inputs)[0]
+    assert compare(out.float(), eager.float()).cosine > 0.9999
+    plan.detach()
+    torch._dynamo.reset()

@@ -1,0 +1,149 @@
+"""The gate on linear sites: speed timed once per (form, shape key) and shared, accuracy per site, verdicts beside
+attention's (whole-model check, receipts), weights settled after calibration, shapes first seen later."""
+
+import dataclasses
+from collections import defaultdict
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.gate import PROFILES
+from ditgate.gate.linear import LinearSetting
+from ditgate.hosts.linear_weights import HeldWeight
+
+from .helpers import Tiny
+
+# every form fast enough and the whole never too slow: what is left to decide is accuracy, per site (CPU timings of
+# 32-wide products say nothing about a GPU)
+LENIENT = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2, screen_margin=None)
+
+
+def _attach(tiny: Tiny, profile=LENIENT, **kwargs):
+    return ditgate.attach(tiny.model, profile=profile, forms=["sdpa_math"], timing_cache=False, progress=False,
+                          **kwargs)
+
+
+def _linear_verdicts(plan):
+    names = {r.name for r in plan.linear.routers}
+    return [v for v in plan.chooser.verdicts.values() if v.site in names]
+
+
+def test_speed_is_timed_once_per_form_and_shape_key_and_accuracy_at_every_site():
+    tiny = Tiny("tiny-wan")
+    plan = _attach(tiny, linear=True)
+    tiny.forward()
+    verdicts = _linear_verdicts(plan)
+    called = [s for s in plan.report().linear.sites if s.calls]
+    assert len(verdicts) == sum(len(s.shapes) for s in called) > 0
+    timed_at = defaultdict(set)
+    sites_per_key = defaultdict(set)
+    for v in verdicts:
+        for m in v.measured:
+            timed_at[(m.form, v.shape_key)].add((m.timed_at, m.ratio, m.host_ms, m.form_ms))
+            sites_per_key[(m.form, v.shape_key)].add(v.site)
+            assert m.cosine == m.cosine and m.rel_l2 > 0  # this site's own accuracy, measured here
+    assert all(len(t) == 1 for t in timed_at.values())  # one timing per (form, key), whatever site reads it
+    assert max(len(s) for s in sites_per_key.values()) >= 8  # and many sites read it
+    linear_keys = [k for k in plan.chooser.book._entries if k.shape_key.startswith("M")]
+    assert len(linear_keys) == len(timed_at)
+    plan.detach()
+
+
+def test_verdicts_settle_the_weights_and_detach_is_exact():
+    tiny = Tiny("tiny-flux")
+    stock = tiny.forward()
+    state = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    plan = _attach(tiny, linear=True)
+    assert torch.equal(tiny.forward(), stock)  # calibration: the host serves every call
+    routed = tiny.forward()
+    forms_of = defaultdict(set)
+    for v in _linear_verdicts(plan):
+        forms_of[v.site].add(v.form)
+    record = plan.report().linear
+    for router, site in zip(plan.linear.routers, record.sites):
+        if forms_of.get(router.name) in ({"fp8_linear"}, {"int8_linear"}):
+            assert site.weights == next(iter(forms_of[router.name]))
+            assert isinstance(router.module.weight, HeldWeight)
+        elif forms_of.get(router.name) == {None}:
+            assert site.weights == "host" and not isinstance(router.module.weight, HeldWeight)
+    assert any(s.weights != "host" for s in record.sites) and not torch.equal(routed, stock)
+    plan.detach()
+    assert torch.equal(tiny.forward(), stock)
+    after = tiny.model.state_dict()
+    assert all(torch.equal(after[k], state[k]) for k in state)
+
+
+def test_the_whole_model_check_takes_back_linear_routes_too():
+    tiny = Tiny("tiny-ltx")
+    stock = tiny.forward()
+    exact_output = dataclasses.replace(LENIENT, min_output_cosine=1.0)  # any quantized route breaks it
+    plan = _attach(tiny, profile=exact_output, linear=True)
+    tiny.forward()
+    (check,) = plan.report().whole_model
+    linear_sites = {r.name for r in plan.linear.routers}
+    assert any(entry.split(" @ ")[0] in linear_sites for entry in check.reverted)
+    assert all(v.form is None for v in _linear_verdicts(plan))
+    assert all(s.weights == "host" for s in plan.report().linear.sites)
+    assert torch.equal(tiny.forward(), stock)
+    plan.detach()
+
+
+def test_a_receipt_carries_the_linear_verdicts_and_reapplies_them_without_measuring(tmp_path):
+    tiny = Tiny("tiny-wan")
+    plan = _attach(tiny, linear=True)
+    tiny.forward()
+    routed = tiny.forward()
+    path = plan.save(tmp_path / "receipt.json")
+    settled = {s.name: s.weights for s in plan.report().linear.sites}
+    plan.detach()
+    again = ditgate.attach(tiny.model, receipt=path, linear=True, timing_cache=False, progress=False)
+    assert {s.name: s.weights for s in again.report().linear.sites} == settled  # settled at attach
+    assert torch.equal(tiny.forward(), routed)
+    assert again.chooser.book.timed == 0
+    again.detach()
+
+
+def test_a_batch_of_another_size_is_served_by_the_host_with_the_reason():
+    tiny = Tiny("tiny-wan")
+    plan = _attach(tiny, linear=LinearSetting(forms=("int8_linear",)), on_new_shape="host")
+    tiny.forward()
+    site = tiny.model.blocks[0].attn1.to_q
+    x = torch.randn(3, 32, 32)
+    with torch.no_grad():
+        out = site(x)
+    router = next(r for r in plan.linear.routers if r.module is site)
+    assert torch.equal(out, torch.nn.functional.linear(x, router.custody.original, site.bias))
+    record = next(s for s in plan.report().linear.sites if s.name == "blocks.0.attn1.to_q")
+    assert {(c.route, c.reason) for c in record.routes} >= {("host", "shape M96:K32:N32:float32 not calibrated")}
+    plan.detach()
+
+
+def test_the_quality_profile_never_quantizes_a_linear():
+    tiny = Tiny("tiny-wan")
+    with pytest.raises(ValueError, match="'quality' never quantizes a linear"):
+        ditgate.attach(tiny.model, linear=True)
+    with pytest.raises(ValueError, match="never quantizes a linear"):
+        ditgate.attach(tiny.model, forms=["sdpa_math", "fp8"], linear=True)  # named attention forms widen precision
+    plan = ditgate.attach(tiny.model, measure=False)  # nothing was left attached by the refusals
+    plan.detach()
+
+
+def test_while_calibrating_a_site_keeps_only_the_weights_of_the_form_it_chose():
+    tiny = Tiny("tiny-wan")
+    kept, holder = {}, {}
+
+    def capture(module, args, output):  # registered first: runs before the plan settles the sites
+        kept.update({r.name: set(r.candidates) for r in holder["plan"].linear.routers})
+
+    hook = tiny.model.register_forward_hook(capture)
+    plan = holder["plan"] = _attach(tiny, linear=True)
+    tiny.forward()
+    hook.remove()
+    chosen = defaultdict(set)
+    for v in _linear_verdicts(plan):  # what each verdict chose before the whole-model check (which may revert it)
+        chosen[v.site].add(v.chosen.form if v.chosen else None)
+    assert kept and all(kept[name] == chosen[name] - {None} for name in kept)
+    assert any(kept.values())
+    assert all(not r.candidates for r in plan.linear.routers)  # settled: in the module, or dropped
+    plan.detach()
