@@ -87,3 +87,18 @@ class CaptureForm(FakeForm):
 def routes_of(plan) -> dict[str, dict[tuple[str, str], int]]:
     """Per site: calls per (route, reason), from the plan's report."""
     return {s.name: {(c.route, c.reason): c.calls for c in s.routes} for s in plan.report().sites}
+
+
+class ListsForm(FakeForm):
+    """A block-sparse consumer (key-block lists only): SDPA over the token mask its lists mean, in a graph too."""
+
+    def __init__(self, name: str = "lists") -> None:
+        super().__init__(name, Precision.BOUNDED, masks=frozenset({MaskKind.BLOCK}))
+
+    def run(self, inputs: AttentionInputs) -> torch.Tensor:
+        return self.in_graph(inputs)
+
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        mask = inputs.attn_mask.token_mask(inputs.query.shape[2], inputs.key.shape[2])
+        return F.scaled_dot_product_attention(inputs.query, inputs.key, inputs.value, attn_mask=mask,
+                                              scale=inputs.scale)

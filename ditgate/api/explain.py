@@ -64,7 +64,8 @@ def _linear_table(linear: LinearRecord, measured: bool) -> Table:
 def explain(report: PlanReport, width: int = 220) -> str:
     title = f"ditgate plan ({report.mode}" + (f", profile {report.profile['name']}" if report.profile else "") + ")"
     table = Table(title=title, show_lines=bool(report.profile), expand=False)
-    for col in ("site", "role", "shape(s)", "serving", "calls", "fallbacks"):
+    compiled = any(s.compiled for s in report.sites)
+    for col in ("site", "role", "shape(s)", "serving", "calls", "fallbacks") + (("compiled",) if compiled else ()):
         table.add_column(col, overflow="fold")
     if report.profile:
         for col in ("verdict", "ratio [min-max]", "cosine", "memory", "reasons"):
@@ -72,6 +73,9 @@ def explain(report: PlanReport, width: int = 220) -> str:
     for s in report.sites:
         row = [s.name, s.role, "\n".join(s.shapes) or "(not called)", s.serving, str(s.calls),
                str(sum(f.failures for f in s.failures))]
+        if compiled:
+            row.append("\n".join(f"{c.route}" + (f" ({c.reason})" if c.reason else "") + f": {c.calls} trace(s)"
+                                 for c in s.compiled) or "-")
         if report.profile:
             row += list(_verdict_cells(s))
         table.add_row(*row)
@@ -80,6 +84,9 @@ def explain(report: PlanReport, width: int = 220) -> str:
     if report.linear is not None:
         console.print(_linear_table(report.linear, bool(report.profile)))
     lines = []
+    if compiled:
+        lines.append("compiled: the routes torch.compile traced into graphs, per trace; calls served inside compiled "
+                     "graphs run no ditgate code and are not counted under calls")
     for w in report.whole_model:
         lines.append(
             f"whole-model check {w.model or '(model)'}: host {w.host_ms:.1f} ms, routed {w.routed_ms:.1f} ms, "

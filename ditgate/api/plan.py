@@ -13,6 +13,7 @@ objects: the model is then exactly as it was. ``linear=...`` routes the denoiser
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ from ..gate.chooser import CALIBRATING, LIVE
 from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linear_setting
 from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
-from ..hosts import denoisers_of, find_attention_modules, is_routed, model_output, plan_interception, routed_processor
+from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_routed, model_output, plan_interception,
+                     routed_processor)
 from ..hosts.parallel import parallel_records
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..router.linear import StaticLinearChooser
@@ -97,6 +99,7 @@ class Plan:
         self._hooks: list = []
         self._whole: list[WholeModelCheck] = []
         self._calibrated: set[str] = set()
+        self._measured: set[str] = set()  # denoisers measured on a forward, their whole-model check still to run
         self._captured: dict[str, tuple[tuple, dict]] = {}
         self._checking = False
         self._detached = False
@@ -153,31 +156,47 @@ class Plan:
         return f"{name}." if name else ""
 
     def _install_live_calibration(self) -> None:
-        """Calibrate on each denoiser's first real forward, then run its whole-model check."""
+        """Calibrate on each denoiser's first real forward, then run its whole-model check (in a forward hook, after
+        the forward's own). That forward runs eagerly even under a torch.compile wrapper (``EagerForward``:
+        measuring never happens in a graph); where the hook ran inside a graph, the check runs at the start of the
+        next forward instead."""
         for name, model in self.denoisers:
             handles: list = []
 
-            def pre(module, args, kwargs, name=name):
-                if self._checking or name in self._calibrated:
-                    return None
-                self._captured[name] = (args, kwargs)
-                self._start_progress(name, self._site_count(name))
-                self.chooser.mode = CALIBRATING
-                return None
-
-            def post(module, args, kwargs, output, name=name, model=model, handles=handles):
-                if self._checking or name in self._calibrated:
-                    return None
-                self.chooser.mode = LIVE
-                self._end_progress()
+            def finish(name=name, model=model, handles=handles) -> None:
+                self._measured.discard(name)
                 self._finish_calibration(name, model)
                 for h in handles:
                     h.remove()
-                return None
 
-            handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(model.register_forward_hook(post, with_kwargs=True))
+            def around(args, kwargs, run, name=name, model=model, finish=finish):
+                if name in self._measured:  # measured on a forward whose hooks ran in a graph
+                    finish()
+                if self._checking or name in self._calibrated:
+                    return run()
+                self._read_layouts(name, model, args, kwargs)
+                self._captured[name] = (args, kwargs)
+                self._start_progress(name, self._site_count(name))
+                self.chooser.mode = CALIBRATING
+                try:
+                    return run()
+                finally:
+                    self.chooser.mode = LIVE
+                    self._end_progress()
+                    self._measured.add(name)
+
+            def post(module, args, kwargs, output, name=name, finish=finish):
+                if name in self._measured and not torch.compiler.is_compiling():
+                    finish()
+
+            handles += [EagerForward(model, around), model.register_forward_hook(post, with_kwargs=True)]
             self._hooks += handles
+
+    def _read_layouts(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """The padding reader's layouts of a forward about to be measured: its pre-hook reads nothing inside a
+        compiled graph, and a compiled wrapper may have started this forward (``EagerForward`` runs it eagerly)."""
+        if self.context.padding is not None:
+            self.context.padding.read(name, model, args, kwargs)
 
     def _site_count(self, name: str | None) -> int:
         """The sites known so far (of denoiser ``name``, or of all): a module's later calls add sites as they come."""
@@ -242,20 +261,31 @@ class Plan:
                     self._captured[name] = (args, kwargs)
 
             capture_handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+        # a compiled denoiser runs its original code while it is measured, its whole-model check included
+        def around(args, kwargs, run, name, model):
+            self._read_layouts(name, model, args, kwargs)
+            return run()
+
+        eager = [EagerForward(model, functools.partial(around, name=name, model=model))
+                 for name, model in self.denoisers]
         self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING
         try:
-            fn()
+            try:
+                fn()
+            finally:
+                self.chooser.mode = LIVE
+                self._end_progress()
+                for h in capture_handles:
+                    h.remove()
+            for name, model in self.denoisers:
+                if name in self._captured:
+                    self._finish_calibration(name, model)
+                else:
+                    logger.warning("ditgate: the calibration callable never ran %s", name or "the model")
         finally:
-            self.chooser.mode = LIVE
-            self._end_progress()
-            for h in capture_handles:
-                h.remove()
-        for name, model in self.denoisers:
-            if name in self._captured:
-                self._finish_calibration(name, model)
-            else:
-                logger.warning("ditgate: the calibration callable never ran %s", name or "the model")
+            for e in eager:
+                e.remove()
         return self
 
     def report(self) -> PlanReport:
@@ -268,11 +298,14 @@ class Plan:
             for index in sorted(att.router.sites):
                 s = att.router.sites[index]
                 counts = s.ledger.route_counts()
+                serving = serving_route(counts)
+                if serving == "-" and s.ledger.traces:  # served inside compiled graphs only: what they traced
+                    serving = s.ledger.trace_counts()[0].route
                 sites.append(SiteRecord(
                     name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
                     convention=s.convention.value, shapes=tuple(c.shapes_text() + f" {c.dtype}" for c in s.shapes.values()),
-                    calls=s.ledger.calls, serving=serving_route(counts), routes=counts, failures=s.ledger.failure_counts(),
-                    verdicts=tuple(verdicts_by_site.get(s.name, ())),
+                    calls=s.ledger.calls, serving=serving, routes=counts, failures=s.ledger.failure_counts(),
+                    verdicts=tuple(verdicts_by_site.get(s.name, ())), compiled=s.ledger.trace_counts(),
                 ))
         return PlanReport(
             ditgate_version=__version__,

@@ -25,6 +25,9 @@ class SiteRecord:
     routes: tuple[RouteCount, ...]
     failures: tuple[FailureCount, ...]
     verdicts: tuple[Verdict, ...]
+    # routes torch.compile traced into graphs, ``calls`` counting traces: calls a compiled graph serves are not
+    # counted in ``calls`` / ``routes`` (no Python of ours runs for them)
+    compiled: tuple[RouteCount, ...] = ()
 
 
 @dataclass(frozen=True)

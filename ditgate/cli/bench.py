@@ -18,6 +18,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def add_bench_parsers(sub) -> None:
     from ..models.presets import PRESETS
     from .bench_kernels import KERNEL_PRESETS
+    from .bench_compile import MODES as COMPILE_MODES
     from .bench_model import DEFAULT_BACKENDS
 
     bench = sub.add_parser("bench", help="benchmarks: attention kernels, or a whole denoiser forward")
@@ -52,6 +53,10 @@ def add_bench_parsers(sub) -> None:
                    help="the block-sparse forms the gate may measure (default: all)")
     m.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
     m.add_argument("--dense-layers", type=int, default=0, help="first layers kept dense under --sparse (default 0)")
+    m.add_argument("--compile", nargs="*", default=None, choices=COMPILE_MODES, metavar="MODE",
+                   help="also the stock model and every ditgate row under torch.compile, each on its own copy of the "
+                        "model, compile time as cold ms (modes: default, reduce-overhead, max-autotune: CUDA graph "
+                        "trees; none named: default)")
     m.add_argument("--linear", action="store_true",
                    help="beside each row of a bounded profile (balanced, speed; sparse rows too), the same row with the "
                         "denoiser's linear sites routed (8-bit W8A8 forms, gated per site)")
@@ -62,6 +67,9 @@ def add_bench_parsers(sub) -> None:
     _common(m)
     m.set_defaults(func=_run_model)
 
+    from .bench_overhead import add_overhead_parser
+
+    add_overhead_parser(bsub)
     c = bsub.add_parser("calibration", help="what calibration costs, in seconds and stock forwards, per profile")
     c.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model configuration")
     c.add_argument("--layers", type=int, default=None, metavar="N", help="cut each stack of blocks to its first N")
@@ -176,6 +184,12 @@ def _run_model(args) -> int:
         rows, extra = bench_model(preset, model, device, dtype, backends, rows_wanted, args.rounds, args.steps,
                                   forced_backends=tuple(args.backends or ()),
                                   progress=lambda text: prog.update(task, description=text), gpu_busy=args.gpu_busy)
+        if args.compile is not None:
+            from .bench_compile import bench_compiled, reference_output
+
+            rows += bench_compiled(preset, model, device, dtype, rows_wanted, args.rounds, args.steps,
+                                   tuple(args.compile) or ("default",), reference_output(preset, model, device, dtype),
+                                   progress=lambda text: prog.update(task, description=text))
     _emit(console, f"ditgate bench model {preset.name} ({device.type}, {_dtype_name(dtype)})",
           out / f"bench-model-{preset.name}", rows, {"preset": preset.name, **extra})
     for r in rows:  # what served how many sites, and how busy the GPU was: past the table's rounds count

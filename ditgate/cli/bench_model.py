@@ -16,7 +16,7 @@ import dataclasses
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +72,41 @@ def _timed_forward(model, inputs: dict, device: torch.device, steps: int) -> tup
     ms = (time.perf_counter() - t0) * 1e3 / steps
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return ms, peak, out
+
+
+def interleaved(preset: ModelPreset, model, device: torch.device, dtype: torch.dtype, configs: Sequence,
+                rounds: int, progress=None) -> Iterator[tuple[int, dict, object]]:
+    """(round, its inputs, a row) for every round and every row still "ok", on each round's fresh random inputs
+    (seeded by the round), the rows' order rotated by one per round."""
+    runnable = [c for c in configs if c.status == "ok"]
+    for r in range(rounds):
+        inputs = preset.inputs(model, device, dtype, seed=r)
+        order = runnable[r % len(runnable):] + runnable[: r % len(runnable)] if runnable else []
+        for cfg in order:
+            if cfg.status != "ok":
+                continue
+            if progress:
+                progress(f"round {r + 1}/{rounds}: {cfg.name}")
+            yield r, inputs, cfg
+
+
+def failed(cfg, exc: Exception) -> None:
+    """A row that raised, with the reason: out of memory (the allocator's cache emptied for the rows after it)
+    or anything else."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        cfg.status, cfg.reason = "out of memory", str(exc).split("\n")[0][:200]
+        torch.cuda.empty_cache()
+    else:
+        cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
+
+
+def record(cfg, r: int, ms: float, peak: float | None, out: torch.Tensor) -> None:
+    """A timed pass of a row; round 0's output kept (a copy: a CUDA graph's output is overwritten by its next
+    replay) for the accuracy columns."""
+    cfg.samples.append(ms)
+    cfg.peaks.append(peak)
+    if r == 0:
+        cfg.output = out.detach().float().clone()
 
 
 def _stock_config(model, backend: str, tokens: int, forced: bool) -> _Config:
@@ -274,42 +309,27 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
     calib_inputs = preset.inputs(model, device, dtype, seed=1000)
     wanted = [r if isinstance(r, DitgateRow) else DitgateRow(r, profile=r) for r in profiles]
     configs += [_ditgate_config(row, model, calib_inputs, device, progress, explains, receipts) for row in wanted]
-    runnable = [c for c in configs if c.status == "ok"]
     baseline_out: dict[int, torch.Tensor] = {}
-    for r in range(rounds):
-        inputs = preset.inputs(model, device, dtype, seed=r)
-        order = runnable[r % len(runnable):] + runnable[: r % len(runnable)] if runnable else []
-        for cfg in order:
-            if cfg.status != "ok":
-                continue
-            if progress:
-                progress(f"round {r + 1}/{rounds}: {cfg.name}")
+    for r, inputs, cfg in interleaved(preset, model, device, dtype, configs, rounds, progress):
+        try:
+            cfg.enter()
+            if cfg.kind == "stock":
+                cfg.weight_bytes = device_weight_bytes(model, device)
             try:
-                cfg.enter()
-                if cfg.kind == "stock":
-                    cfg.weight_bytes = device_weight_bytes(model, device)
-                try:
-                    if r == 0:  # a warm-up pass for this row (kernel loads, compiles)
-                        t_cold, _, _ = _timed_forward(model, inputs, device, 1)
-                        cfg.cold_ms = cfg.cold_ms if cfg.cold_ms is not None else t_cold
-                    ms, peak, out = _timed_forward(model, inputs, device, steps)
-                    if gpu_busy and r == rounds - 1:
-                        cfg.busy = _busy(model, inputs, device)
-                finally:
-                    cfg.leave()
-            except torch.cuda.OutOfMemoryError as exc:
-                cfg.status, cfg.reason = "out of memory", str(exc).split("\n")[0][:200]
-                torch.cuda.empty_cache()
-                continue
-            except Exception as exc:
-                cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
-                continue
-            cfg.samples.append(ms)
-            cfg.peaks.append(peak)
-            if r == 0:
-                cfg.output = out.detach().float()
-            if cfg.name == "stock native" and r == 0:
-                baseline_out[0] = cfg.output
+                if r == 0:  # a warm-up pass for this row (kernel loads, compiles)
+                    t_cold, _, _ = _timed_forward(model, inputs, device, 1)
+                    cfg.cold_ms = cfg.cold_ms if cfg.cold_ms is not None else t_cold
+                ms, peak, out = _timed_forward(model, inputs, device, steps)
+                if gpu_busy and r == rounds - 1:
+                    cfg.busy = _busy(model, inputs, device)
+            finally:
+                cfg.leave()
+        except Exception as exc:
+            failed(cfg, exc)
+            continue
+        record(cfg, r, ms, peak, out)
+        if cfg.name == "stock native" and r == 0:
+            baseline_out[0] = cfg.output
     native = next((c for c in configs if c.name == "stock native" and c.samples), None)
     rows = []
     for cfg in configs:

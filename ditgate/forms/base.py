@@ -287,6 +287,13 @@ class Form(Probed):
         """Compute attention; returns B, H, Sq, Dv in the query's dtype."""
         raise NotImplementedError
 
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        """The call as a torch.compile graph is to hold it (dynamo traces this; it never runs eagerly in a trace).
+        By default ``run`` itself, which suits forms made of torch operations; a form whose call dynamo cannot
+        trace (a kernel launch with host-side state, a library's own dispatch) serves it through a
+        ``torch.library`` custom op with a fake implementation (``forms.ops``), opaque to the compiler."""
+        return self.run(inputs)
+
     def run_lse(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention (as ``run``) and each query row's log-sum-exp of its scaled scores (B, H, Sq; float32): what a
         caller that merges partial results over chunks of the keys needs (diffusers' ring attention). A form whose

@@ -182,11 +182,14 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         if self._pool is None:
             self._pool = WorkspacePool()
         pool, device = self._pool, q.device
-        z = self._quantize(q, inputs.key, inputs.value,
-                           buffers=lambda shape, dtype, name: pool.get(shape, dtype, device, f"fa3_fp8:{name}"))
-        out = self._attend(z.query, z.key, z.value, inputs.scale, inputs.is_causal,
-                           descale=(z.descale[0], z.descale[1], z.descale[2])).transpose(1, 2)
-        return out if out.dtype == q.dtype else out.to(q.dtype)
+        return fp8_attention(self._quantize, self._attend, q, inputs.key, inputs.value, inputs.scale,
+                             inputs.is_causal,
+                             buffers=lambda shape, dtype, name: pool.get(shape, dtype, device, f"fa3_fp8:{name}"))
+
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        """One custom op (``ops.fa3_fp8``): the quantization launch cannot be traced; its copies come from torch's
+        allocator there, not this plan's pool."""
+        return torch.ops.ditgate.fa3_fp8(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal)
 
     def resident_bytes(self) -> int:
         return self._pool.bytes() if self._pool is not None else 0
@@ -194,3 +197,13 @@ class FlashAttn3Fp8(_FlashAttn3Base):
     def release(self) -> None:
         if self._pool is not None:
             self._pool.release()
+
+
+def fp8_attention(quantize, attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
+                  causal: bool, buffers=None) -> torch.Tensor:
+    """FA3's FP8 kernel over per-head e4m3 copies of B, H, S, D ``q``, ``k``, ``v`` (``quantize``:
+    ``kernels.fp8_heads.quantize_heads``; ``attend``: FA3 on B, S, H, D tensors with descales), in ``q``'s dtype."""
+    z = quantize(q, k, v, buffers=buffers)
+    out = attend(z.query, z.key, z.value, scale, causal, descale=(z.descale[0], z.descale[1], z.descale[2]))
+    out = out.transpose(1, 2)
+    return out if out.dtype == q.dtype else out.to(q.dtype)

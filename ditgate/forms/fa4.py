@@ -14,6 +14,7 @@ import torch
 
 from ..kernels.lists import KeyBlockLists
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
+from .ops import fa4_bhsd
 
 
 class FlashAttn4(Form):
@@ -63,11 +64,11 @@ class FlashAttn4(Form):
         return reasons
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
-        out = self._fn(q, k, v, softmax_scale=inputs.scale, causal=inputs.is_causal)
-        if isinstance(out, tuple):
-            out = out[0]
-        return out.transpose(1, 2)
+        return fa4_bhsd(self._fn, inputs.query, inputs.key, inputs.value, softmax_scale=inputs.scale,
+                        causal=inputs.is_causal)
+
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        return torch.ops.ditgate.fa4(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal)
 
 
 class FlashAttn4Sparse(FlashAttn4):
@@ -85,29 +86,44 @@ class FlashAttn4Sparse(FlashAttn4):
         self._q_factor: dict[tuple, int] = {}  # query-block merge factor fa4 accepted, per shape
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-
         lists = inputs.attn_mask
         if not isinstance(lists, KeyBlockLists):
             raise TypeError(f"fa4_sparse needs KeyBlockLists as the mask, got {type(lists).__name__}")
-        q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
-        seq_q, seq_k = q.shape[1], k.shape[1]
-        key = (tuple(q.shape), tuple(k.shape), lists.block_m, lists.block_n)
+        key = self._factor_key(inputs)
         factors = [self._q_factor[key]] if key in self._q_factor else [1, 2, 4]
-        for i, factor in enumerate(factors):
-            sel = lists.coarsen_queries(factor, seq_q, seq_k)
-            index = sel.index_per_key_block(seq_k)
-            tensors = BlockSparseTensorsTorch(
-                mask_block_cnt=torch.zeros_like(sel.kv_count), mask_block_idx=torch.zeros_like(index),
-                full_block_cnt=sel.kv_count, full_block_idx=index, block_size=(sel.block_m, sel.block_n))
-            try:
-                out = self._fn(q, k, v, softmax_scale=inputs.scale, block_sparse_tensors=tensors)
-            except ValueError as exc:  # fa4 names the query block size it wants; try the next multiple
-                if i + 1 < len(factors) and re.search(r"sparse_block_size", str(exc)):
-                    continue
-                raise
-            self._q_factor[key] = factor
-            if isinstance(out, tuple):
-                out = out[0]
-            return out.transpose(1, 2)
-        raise AssertionError("unreachable")
+        out, self._q_factor[key] = block_sparse(self._fn, inputs.query, inputs.key, inputs.value, inputs.scale, lists,
+                                                factors)
+        return out
+
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        lists = inputs.attn_mask
+        factor = self._q_factor.get(self._factor_key(inputs), 0)  # what the eager calls found fa4 accepts
+        return torch.ops.ditgate.fa4_sparse(inputs.query, inputs.key, inputs.value, inputs.scale, lists.kv_index,
+                                            lists.kv_count, lists.block_m, lists.block_n, factor)
+
+    @staticmethod
+    def _factor_key(inputs: AttentionInputs) -> tuple:
+        lists = inputs.attn_mask
+        return tuple(inputs.query.shape), tuple(inputs.key.shape), lists.block_m, lists.block_n
+
+
+def block_sparse(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, lists: KeyBlockLists,
+                 factors: list[int]) -> tuple[torch.Tensor, int]:
+    """flash-attn-4 over B, H, S, D views and the lists' tiles as full blocks, merging query blocks by the first of
+    ``factors`` it accepts (it names the query block size it wants); the output and that factor."""
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    for i, factor in enumerate(factors):
+        sel = lists.coarsen_queries(factor, seq_q, seq_k)
+        index = sel.index_per_key_block(seq_k)
+        tensors = BlockSparseTensorsTorch(
+            mask_block_cnt=torch.zeros_like(sel.kv_count), mask_block_idx=torch.zeros_like(index),
+            full_block_cnt=sel.kv_count, full_block_idx=index, block_size=(sel.block_m, sel.block_n))
+        try:
+            return fa4_bhsd(fn, q, k, v, softmax_scale=scale, block_sparse_tensors=tensors), factor
+        except ValueError as exc:  # fa4 names the query block size it wants; try the next multiple
+            if i + 1 < len(factors) and re.search(r"sparse_block_size", str(exc)):
+                continue
+            raise
+    raise AssertionError("unreachable")

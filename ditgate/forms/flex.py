@@ -72,6 +72,17 @@ class FlexCompiled(Form):
                 enable_gqa=inputs.query.shape[1] != inputs.key.shape[1],
             )
 
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        """flex_attention itself: inside a graph the compiler that traces the model compiles it (no nested
+        compiled callable, no recompile limit of our own)."""
+        from torch.nn.attention.flex_attention import flex_attention
+
+        block_mask = inputs.attn_mask
+        if isinstance(block_mask, KeyBlockLists):
+            block_mask = block_mask.to_flex_block_mask(inputs.query.shape[2], inputs.key.shape[2])
+        return flex_attention(inputs.query, inputs.key, inputs.value, block_mask=block_mask, scale=inputs.scale,
+                              enable_gqa=inputs.query.shape[1] != inputs.key.shape[1])
+
     def release(self) -> None:
         self._compiled = None
 

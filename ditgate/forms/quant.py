@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import os
 
 import torch
 
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, PooledTiles, Precision
+from .ops import hopper_module, run_quant, triton_config
 from .workspace import WorkspacePool
 
 # Measured on an H200 (benchmarks/results/2026-12-02-h200/quant-kernel.json; the Hopper schedule, whose P bytes come
@@ -59,12 +59,7 @@ class _QuantForm(Form):
         except Exception as exc:
             return Availability(False, f"kernel failed to load: {type(exc).__name__}: {exc}", triton.__version__)
         self._kernel = quant_attention
-        if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
-            try:
-                from ..kernels import hopper_attention
-            except Exception:  # an older Triton without Gluon: the Triton schedule serves every call
-                hopper_attention = None
-            self._hopper = hopper_attention
+        self._hopper = hopper_module()
         return Availability(True, "", triton.__version__)
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:
@@ -97,12 +92,6 @@ class _QuantForm(Form):
 
         return buffers
 
-    def _triton_config(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int, block: int):
-        """The Triton schedule's tiles for lists of ``rows`` x ``block`` tiles: query blocks of
-        gcd(rows, block) rows (a 192 x 128 selection is served as 64-row blocks, each with its tile's list)."""
-        config = self._kernel.default_config(q.shape[3], q.device.type, self.qk, block, tensors=(q, k, v))
-        return dataclasses.replace(config, block_m=math.gcd(rows, block))
-
     def _on_hopper(self, q, k, v, shape: tuple[int, int] | None) -> bool:
         return self._hopper is not None and self._hopper.serves(q, k, v, self.qk, shape)
 
@@ -123,34 +112,32 @@ class _QuantForm(Form):
         if self._on_hopper(q, k, v, (rows, block)):
             qz = self._hopper.quantize_for_schedule(q, k, v, self.qk, scale, buffers, sums=True)
         else:
-            qz = self._kernel.quantize(q, k, v, self.qk, scale, self._triton_config(q, k, v, rows, block), buffers,
-                                       sums=True)
+            config = triton_config(self._kernel, q, k, v, self.qk, rows, block)
+            qz = self._kernel.quantize(q, k, v, self.qk, scale, config, buffers, sums=True)
         query, key = qz.tile_means(rows, q.shape[2], k.shape[2])
         return PooledTiles(query, key, qz)
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        q = inputs.query
-        buffers = self._buffers(q.device)
         lists = None
         if self.sparse:
             lists = inputs.attn_mask
             if not isinstance(lists, self._kernel.KeyBlockLists):
                 raise TypeError(f"{self.name} needs KeyBlockLists as the mask, got {type(lists).__name__}")
+        buffers = self._buffers(inputs.query.device)
         prepared = inputs.prepared if isinstance(inputs.prepared, self._kernel.Quantized) else None
-        hopper = self._hopper
-        shape = (lists.block_m, lists.block_n) if lists is not None else None
-        if self._on_hopper(q, inputs.key, inputs.value, shape):
-            kw = {} if lists is None else dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
-                                               groups=lists.block_m // hopper.ROWS_HALF)
-            return hopper.hopper_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                           buffers=buffers, prepared=prepared, memo=self._pool.memo, **kw)
-        kw = {}
-        if lists is not None:
-            config = self._triton_config(q, inputs.key, inputs.value, lists.block_m, lists.block_n)
-            lists = lists.refine_queries(lists.block_m // config.block_m, q.shape[2])
-            kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count, config=config)
-        return self._kernel.quant_attention(q, inputs.key, inputs.value, qk=self.qk, scale=inputs.scale,
-                                            buffers=buffers, prepared=prepared, **kw)
+        return run_quant(self._kernel, self._hopper, inputs.query, inputs.key, inputs.value, self.qk, inputs.scale,
+                         lists, buffers, prepared, self._pool.memo)
+
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        """The kernels as one custom op (``ops.quant_attention``): its workspaces from torch's allocator, not this
+        plan's pool; the selector's pooling not shared with the quantization pass."""
+        q = inputs.query
+        scale = q.shape[3] ** -0.5 if inputs.scale is None else float(inputs.scale)
+        lists = inputs.attn_mask if self.sparse else None
+        if lists is None:
+            return torch.ops.ditgate.quant_attention(q, inputs.key, inputs.value, self.qk, scale, None, None, 0, 0)
+        return torch.ops.ditgate.quant_attention(q, inputs.key, inputs.value, self.qk, scale, lists.kv_index,
+                                                 lists.kv_count, lists.block_m, lists.block_n)
 
     def resident_bytes(self) -> int:
         return self._pool.bytes() if self._pool is not None else 0

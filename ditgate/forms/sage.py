@@ -11,6 +11,7 @@ import importlib.metadata
 import torch
 
 from .base import Availability, AttentionInputs, Form, FormSpec, Precision
+from .ops import sage_bhsd
 
 
 class SageAttention(Form):
@@ -46,7 +47,7 @@ class SageAttention(Form):
         return Availability(True, "", version)
 
     def run(self, inputs: AttentionInputs) -> torch.Tensor:
-        q, k, v = inputs.query, inputs.key.clone(), inputs.value
-        if q.stride(-1) != 1 or v.stride(-1) != 1:
-            q, v = q.contiguous(), v.contiguous()
-        return self._fn(q, k, v, tensor_layout="HND", is_causal=inputs.is_causal, sm_scale=inputs.scale, smooth_k=True)
+        return sage_bhsd(self._fn, inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal)
+
+    def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
+        return torch.ops.ditgate.sage(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal)

@@ -48,6 +48,9 @@ class GateChooser:
         self.forms = forms
         self.on_new_shape = on_new_shape
         self.progress = progress
+        # routes are kept per call signature until this changes (``router.Chooser``): bumped by every mode change
+        # and every verdict stored or reverted; code that writes ``verdicts`` directly bumps it too
+        self.generation = 0
         self.mode = LIVE
         self.sparse_forms = sparse_forms  # block-sparse consumers the plan's sparse setting names
         self.verdicts: dict[tuple[str, str], Verdict] = {}
@@ -55,6 +58,15 @@ class GateChooser:
         self.budget_s = budget_s
         self.spent_s = 0.0  # seconds spent measuring so far (what the budget caps)
         self.agreement = None  # a context-parallel model's ranks settle on one verdict (``agree.RankAgreement``)
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._mode = mode
+        self.generation += 1
 
     # --- candidates --------------------------------------------------------------------------------
     def candidates(self) -> list[str]:
@@ -104,6 +116,7 @@ class GateChooser:
     def record(self, verdict: Verdict) -> None:
         """Keep a verdict made at a site (attention or linear), log it and tell the progress display."""
         self.verdicts[(verdict.site, verdict.shape_key)] = verdict
+        self.generation += 1
         logger.info("ditgate gate: %s @ %s -> %s", verdict.site, verdict.shape_key, verdict.summary)
         if self.progress is not None:
             self.progress(verdict)
@@ -196,3 +209,4 @@ class GateChooser:
             verdict.site, verdict.shape_key, None, "reverted", verdict.chosen, verdict.measured,
             verdict.refusals + (Refusal(verdict.form or "?", "reverted", note),), note=note,
         )
+        self.generation += 1

@@ -87,6 +87,13 @@ def original_entry(processor: object, convention: Convention) -> Callable:
     return F.scaled_dot_product_attention
 
 
+def _routed_call(self, *args, **kwargs):
+    """The routed clone's ``__call__``: a fresh invocation (call index 0), then the host's own code, re-bound."""
+    cls = type(self)
+    cls._ditgate_on_invocation()
+    return cls._ditgate_rebound(self, *args, **kwargs)
+
+
 def routed_processor(
     processor: object,
     entries: dict[Convention, Callable],
@@ -96,24 +103,29 @@ def routed_processor(
 
     The clone is an instance of a fresh subclass of the processor's class (so ``isinstance`` checks
     and class attributes still hold), sharing the original's instance attribute dict. Its ``__call__``
-    keeps the original signature (diffusers filters keyword arguments by it).
+    keeps the original signature (diffusers filters keyword arguments by it). What the call needs is held
+    by the subclass, not by closures, so that torch.compile traces it (and guards on the subclass: a graph
+    traced with the routes recompiles once the original processor is back).
     """
     fn = _call_function(processor)
     scoped = dict(fn.__globals__)
+    # Without a module name the copy is what it is, a scope of its own: dynamo takes globals that carry one to be
+    # that module's and would guard on the module's real ``dispatch_attention_fn`` instead of this scope's entry.
+    if "__name__" not in _names_used(fn.__code__):
+        scoped.pop("__name__", None)
     if Convention.DISPATCH in entries:
         scoped["dispatch_attention_fn"] = entries[Convention.DISPATCH]
     if Convention.SDPA in entries:
         scoped["F"] = _FunctionalView(entries[Convention.SDPA])
     rebound = types.FunctionType(fn.__code__, scoped, fn.__name__, fn.__defaults__, fn.__closure__)
     rebound.__kwdefaults__ = fn.__kwdefaults__
-
-    @functools.wraps(fn)
-    def __call__(self, *args, **kwargs):
-        on_invocation()
-        return rebound(self, *args, **kwargs)
+    call = types.FunctionType(_routed_call.__code__, _routed_call.__globals__, "__call__")
+    functools.update_wrapper(call, fn)  # the original's name, docs and (through __wrapped__) signature
 
     cls = type(processor)
-    routed_cls = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_ditgate_routed": True})
+    routed_cls = type(cls.__name__, (cls,), {
+        "__call__": call, "__module__": cls.__module__, "_ditgate_routed": True,
+        "_ditgate_rebound": staticmethod(rebound), "_ditgate_on_invocation": staticmethod(on_invocation)})
     clone = object.__new__(routed_cls)
     # one attribute dict for both: what is set on the clone while attached (``enable_parallelism``'s
     # ``_parallel_config``, ``set_attention_backend``'s backend) is the original's after detach too

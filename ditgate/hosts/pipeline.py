@@ -8,6 +8,7 @@ left alone: their attention runs once per generation, not once per step.
 from __future__ import annotations
 
 import torch
+from torch._dynamo.eval_frame import OptimizedModule
 
 DENOISER_PREFIXES = ("transformer", "unet", "prior", "denoiser")
 
@@ -16,17 +17,26 @@ class NoDenoiserError(ValueError):
     pass
 
 
+def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a ``torch.compile(model)`` wrapper (an ``OptimizedModule``) holds, else the model itself: ditgate
+    attaches to the model, under the wrapper, whose compiled code then recompiles with the routes (its guards
+    see the routed processors). Site names are the model's own, compiled or not."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) and isinstance(model, OptimizedModule) else model
+
+
 def denoisers_of(target: object) -> list[tuple[str, torch.nn.Module]]:
-    """(component name, model) pairs; a bare model is its own single denoiser with an empty name."""
+    """(component name, model) pairs; a bare model is its own single denoiser with an empty name. A compiled
+    model (``torch.compile(model)``, bare or as a pipeline's component) stands for the model it wraps."""
     if isinstance(target, torch.nn.Module):
-        return [("", target)]
+        return [("", unwrap_compiled(target))]
     components = getattr(target, "components", None)
     if not isinstance(components, dict):
         raise TypeError(
             f"attach() takes a diffusers pipeline or a torch.nn.Module, not {type(target).__name__}"
         )
     found = [
-        (name, comp)
+        (name, unwrap_compiled(comp))
         for name, comp in components.items()
         if isinstance(comp, torch.nn.Module) and name.startswith(DENOISER_PREFIXES)
     ]

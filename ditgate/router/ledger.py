@@ -32,12 +32,18 @@ class SiteLedger:
     failures: Counter = field(default_factory=Counter)  # form -> failures
     last_error: dict[str, str] = field(default_factory=dict)
     disabled: dict[str, str] = field(default_factory=dict)
+    # routes baked into torch.compile graphs: (route, reason) -> traces. Calls a compiled graph serves run no
+    # Python of ours, so they are not counted in ``routes``; each trace that compiled a route in is.
+    traces: Counter = field(default_factory=Counter)
 
     def served(self, form: str) -> None:
         self.routes[(form, "")] += 1
 
     def hosted(self, reason: str) -> None:
         self.routes[(HOST, reason)] += 1
+
+    def traced(self, route: str, reason: str) -> None:
+        self.traces[(route, reason)] += 1
 
     def failed(self, form: str, error: BaseException) -> bool:
         """Count a call-time failure; True when this failure disables the form for the site."""
@@ -50,6 +56,10 @@ class SiteLedger:
 
     def route_counts(self) -> tuple[RouteCount, ...]:
         return tuple(RouteCount(r, why, n) for (r, why), n in sorted(self.routes.items(), key=lambda kv: -kv[1]))
+
+    def trace_counts(self) -> tuple[RouteCount, ...]:
+        """Like ``route_counts``, with ``calls`` the number of compiled graphs that traced the route."""
+        return tuple(RouteCount(r, why, n) for (r, why), n in sorted(self.traces.items(), key=lambda kv: -kv[1]))
 
     def failure_counts(self) -> tuple[FailureCount, ...]:
         return tuple(

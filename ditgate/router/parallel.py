@@ -25,6 +25,7 @@ import torch
 from ..forms import AttentionInputs, describe_call
 from ..hosts.parallel import ContextParallel, TemplatedBackend, backend_name, is_diffusers_dispatch, templated_backend
 from .ledger import HOST
+from .routes import CallArgs
 from .site import HostFn, SiteRouter
 
 NO_LSE = "returns no log-sum-exp, which ring attention needs to merge the chunks' results"
@@ -59,7 +60,7 @@ class ParallelServing:
         if cp.merges_by_lse:
             for name, form in site.context.forms.items():
                 if not form.returns_lse:
-                    site.ledger.disabled.setdefault(name, NO_LSE)
+                    site.disable(name, NO_LSE)
         kwargs = dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p,
                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, _parallel_config=parallel_config)
         self._site = site
@@ -102,12 +103,12 @@ class ParallelServing:
                                   return_lse, _save_ctx=_save_ctx, _parallel_config=_parallel_config)
 
             site = self._site
-            inputs = AttentionInputs(_bhsd(query), _bhsd(key), _bhsd(value), attn_mask, scale, is_causal,
-                                     dropout_p, enable_gqa)
+            args = CallArgs(_bhsd(query), _bhsd(key), _bhsd(value), attn_mask, scale, is_causal, dropout_p,
+                            enable_gqa)
             if return_lse:
-                return serve_with_lse(site, inputs, host)
+                return serve_with_lse(site, args.inputs(), host)
             keep_sparse_out_of_gathered_layouts(site, query.shape[1])
-            return site.serve(inputs, host, _bhsd)
+            return site.serve(args, host, _bhsd)
 
         return local_op
 
@@ -126,7 +127,7 @@ def keep_sparse_out_of_gathered_layouts(site: SiteRouter, tokens: int) -> None:
             reason = GATHERED_LAYOUT.format(segments=len(layout.segments))
             for form_name, form in site.context.forms.items():
                 if form.spec.takes_selection:
-                    site.ledger.disabled.setdefault(form_name, reason)
+                    site.disable(form_name, reason)
         return
 
 
@@ -151,7 +152,7 @@ def serve_with_lse(site: SiteRouter, inputs: AttentionInputs, host: Callable[[],
 
         if site.context.tally:
             site.ledger.hosted("calibrating")
-        site._observe(call, HOST, "calibrating")
+        site.observe(call, HOST, "calibrating")
         out = chooser.measure(site, call, inputs, host_out, _bhsd)
         return out, kept[0]
     if decision.form is None:
@@ -163,8 +164,8 @@ def serve_with_lse(site: SiteRouter, inputs: AttentionInputs, host: Callable[[],
     try:
         out, lse = form.run_lse(inputs)
     except Exception as exc:  # never fail a call the host could serve
-        return site._failed(form, exc, call, host)
+        return site.failed(form, exc, call, host)
     if site.context.tally:
         site.ledger.served(form.name)
-    site._observe(call, form.name, "")
+    site.observe(call, form.name, "")
     return _bhsd(out), lse.transpose(1, 2)

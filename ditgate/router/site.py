@@ -1,9 +1,12 @@
 """Per-site dispatch: which form serves this call, with call-time fallback to the host path.
 
 A ``SiteRouter`` is one attention call site (one module path, and the k-th attention call within one
-invocation of that module's processor). For every call it asks its plan's chooser for a decision,
-checks the chosen form's reasons against the call, runs it, and hands the call back to the host if the
-form raises. The ledger keeps the tallies; the observer hears each distinct route once.
+invocation of that module's processor). The first call of each signature (raw shapes, dtype, device, mask,
+flags) since the plan's generation last changed asks the plan's chooser for a decision and checks the chosen
+form's reasons; the resolved route (``routes``) then serves every call of that signature with a dictionary
+lookup, handing the call back to the host if the form raises. The ledger keeps the tallies; the observer hears
+each distinct route once. Inside a torch.compile trace the site's stand-in (``traced.TracedSite``) asks
+``resolve_traced`` instead, once, at trace time.
 """
 
 from __future__ import annotations
@@ -16,15 +19,19 @@ from typing import Protocol
 
 import torch
 
-from ..forms import AttentionCall, AttentionInputs, Form, MaskKind, describe_call
+from ..forms import AttentionCall, AttentionInputs, Form, MaskKind
 from ..hosts import Convention
 from .ledger import HOST, SiteLedger
 from .observer import RouteEvent
+from .routes import (CallArgs, FormRoute, HostFn, HostRoute, MeasureRoute, PreparedRoute, Route, SelectedRoute,
+                     ToHostLayout, call_of, signature)
 
 logger = logging.getLogger("ditgate")
 
-HostFn = Callable[[], torch.Tensor]
-ToHostLayout = Callable[[torch.Tensor], torch.Tensor]
+# why a route resolved inside a torch.compile trace went to the host
+NOT_MEASURED_IN_GRAPH = "first seen inside a compiled graph, where nothing is measured; the host serves it (a call " \
+    "at this shape outside the graph, or plan.calibrate(), measures it and recompiles)"
+PADDING_NOT_IN_GRAPH = "inside a compiled graph the padding mask is kept: where it ends is data"
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,10 @@ class Decision:
 
 
 class Chooser(Protocol):
+    """``decide`` may depend only on the site, the call and the chooser's state; whenever that state changes
+    (a verdict stored or reverted, a mode), the chooser's ``generation`` (an int attribute; a chooser without
+    one never changes) must change too, since routes are kept per call signature until it does."""
+
     def decide(self, site: SiteRouter, call: AttentionCall) -> Decision: ...
 
     def measure(
@@ -56,6 +67,17 @@ class RouterContext:
     capabilities: dict[int, tuple[int, int]] = field(default_factory=dict)
     sparse: object | None = None  # the plan's SparseStage, when attach(..., sparse=...) asked for one
     padding: object | None = None  # the plan's PaddingKeys: masks that hide only padding, served without it
+    invalidations: int = 0  # bumped by ``invalidate``
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever a route resolved before may no longer hold: the chooser's own ``generation`` (a new
+        verdict, a new mode) plus this plan's invalidations (a disabled form, detach). Sites drop their routes
+        when it changes, and compiled graphs, which guard on it, recompile."""
+        return self.invalidations + getattr(self.chooser, "generation", 0)
+
+    def invalidate(self) -> None:
+        self.invalidations += 1
 
     def capability(self, device: torch.device) -> tuple[int, int] | None:
         if device.type != "cuda":
@@ -80,6 +102,9 @@ class SiteRouter:
         self.shapes: dict[str, AttentionCall] = {}
         self._reasons: dict[tuple[str, str], tuple[str, ...]] = {}
         self._seen_routes: set[tuple] = set()
+        self._routes: dict[tuple, Route] = {}  # call signature -> route, for the generation below
+        self._generation = -1
+        self.resolved = 0  # routes resolved (cache misses): what a test of the hot path counts
 
     # --- what the chooser and the gate use -------------------------------------------------------
     def reasons(self, form: Form, call: AttentionCall) -> tuple[str, ...]:
@@ -93,6 +118,12 @@ class SiteRouter:
         if form_name in self.ledger.disabled:
             return (self.ledger.disabled[form_name],)
         return self.reasons(self.context.forms[form_name], call)
+
+    def disable(self, form_name: str, reason: str) -> None:
+        """Keep ``form_name`` off this site from now on, with the reason (routes resolved before are dropped)."""
+        if form_name not in self.ledger.disabled:
+            self.ledger.disabled[form_name] = reason
+            self.context.invalidate()
 
     def prepare(self, form: Form, call: AttentionCall, inputs: AttentionInputs,
                 measuring: bool = False) -> tuple[AttentionCall, AttentionInputs, str]:
@@ -135,7 +166,7 @@ class SiteRouter:
                 dataclasses.replace(inputs, attn_mask=sel.lists, prepared=sel.prepared), "")
 
     # --- the call path ---------------------------------------------------------------------------
-    def _observe(self, call: AttentionCall, route: str, reason: str) -> None:
+    def observe(self, call: AttentionCall, route: str, reason: str) -> None:
         key = (route, reason, call.shape_key)
         if key in self._seen_routes:
             return
@@ -146,53 +177,117 @@ class SiteRouter:
         )
 
     def host_only(self, reason: str, host: HostFn) -> torch.Tensor:
+        """A call no form may take (context-parallel, backend arguments, not 4-D): the host, counted."""
         if self.context.tally:
             self.ledger.hosted(reason)
         return host()
 
-    def serve(self, inputs: AttentionInputs, host: HostFn, to_host: ToHostLayout) -> torch.Tensor:
-        q, k, v = inputs.query, inputs.key, inputs.value
-        call = describe_call(q, k, v, inputs.attn_mask, inputs.dropout_p, inputs.is_causal, inputs.enable_gqa,
-                             self.context.capability(q.device))
+    def serve(self, args: CallArgs, host: HostFn, to_host: ToHostLayout) -> torch.Tensor:
+        """Serve one call by the route its signature resolved to (resolved on the first call of the signature
+        since the plan's generation last changed). Inside a torch.compile trace the route is resolved at trace
+        time and traced instead (``traced.TracedSite``)."""
+        sig = signature(args)
+        generation = self.context.generation
+        if generation != self._generation:
+            self._routes.clear()
+            self._generation = generation
+        route = self._routes.get(sig)
+        if route is None:
+            route = self._resolve(sig, compiling=False)
+            if route.keep:
+                self._routes[sig] = route
+        return route.serve(self, args, host, to_host)
+
+    def _resolve(self, sig: tuple, compiling: bool) -> Route:
+        """The route of a signature: the chooser's decision, checked against the form's reasons."""
+        call = call_of(sig, self.context.capability(sig[4]))
+        self.resolved += 1
         if self.role is None:
             self.role = "cross" if call.seq_q != call.seq_kv else self.role_hint
         self.shapes.setdefault(call.shape_key, call)
         decision = self.context.chooser.decide(self, call)
         if decision.measure:
-            if self.context.tally:
-                self.ledger.hosted("calibrating")
-            self._observe(call, HOST, "calibrating")
-            return self.context.chooser.measure(self, call, inputs, host, to_host)
+            if not compiling:
+                return MeasureRoute(call)
+            decision = Decision(None, f"{NOT_MEASURED_IN_GRAPH} at {call.shape_key}")
         if decision.form is None:
-            return self._host(call, decision.reason, host)
-        form = self.context.forms[decision.form]
+            route: Route = HostRoute(call, decision.reason)
+        else:
+            route = self._form_route(call, self.context.forms[decision.form], compiling)
+        if not isinstance(route, PreparedRoute):
+            self.observe(call, route.name, route.reason)
+        return route
+
+    def _form_route(self, call: AttentionCall, form: Form, compiling: bool) -> Route:
+        padded = call.mask is MaskKind.BOOLEAN and self.context.padding is not None
+        if (form.spec.takes_selection or padded) and not compiling:
+            return PreparedRoute(call, form)  # the cut and the selection read the call's data: per call
+        if form.spec.takes_selection:  # in a graph: selected there, as the sparse stage plans at trace time
+            if call.mask is not MaskKind.NONE:
+                kept = PADDING_NOT_IN_GRAPH if padded else "no verified layout says what the mask hides"
+                return HostRoute(call, f"sparse: a masked call stays dense ({kept})")
+            if self.context.sparse is None:
+                return HostRoute(call, "no sparse setting on this plan (attach(..., sparse=SparseSetting(...)))")
+            blocked = self.usable(form.name, dataclasses.replace(call, mask=MaskKind.BLOCK))
+            return HostRoute(call, f"{form.name}: {blocked[0]}") if blocked else SelectedRoute(call, form)
+        blocked = self.usable(form.name, call)
+        if blocked:
+            why = f"{form.name}: {blocked[0]}"
+            return HostRoute(call, f"{why} ({PADDING_NOT_IN_GRAPH})" if compiling and padded else why)
+        return FormRoute(call, form)
+
+    def serve_prepared(self, form: Form, call: AttentionCall, inputs: AttentionInputs, host: HostFn,
+                       to_host: ToHostLayout) -> torch.Tensor:
+        """A form whose call is prepared first (the padding cut, the sparse selection), decided per call."""
         try:  # the selection and the padding cut run the form's own code too (its pooling)
             call, inputs, dense = self.prepare(form, call, inputs)
         except Exception as exc:  # never fail a call the host could serve
-            return self._failed(form, exc, call, host)
+            return self.failed(form, exc, call, host)
         if dense:
             return self._host(call, dense, host)
-        blocked = self.usable(decision.form, call)
+        blocked = self.usable(form.name, call)
         if blocked:
-            return self._host(call, f"{decision.form}: {blocked[0]}", host)
+            return self._host(call, f"{form.name}: {blocked[0]}", host)
         try:
             out = inputs.finish(form.run(inputs))
         except Exception as exc:  # never fail a call the host could serve
-            return self._failed(form, exc, call, host)
+            return self.failed(form, exc, call, host)
         if self.context.tally:
             self.ledger.served(form.name)
-        self._observe(call, form.name, "")
+        self.observe(call, form.name, "")
         return to_host(out)
 
-    def _failed(self, form: Form, exc: Exception, call: AttentionCall, host: HostFn) -> torch.Tensor:
-        """The host serves a call its form raised on; the ledger counts it and, past its limit, disables the form."""
+    def failed(self, form: Form, exc: Exception, call: AttentionCall, host: HostFn) -> torch.Tensor:
+        """The host serves a call its form raised on; the ledger counts it and, past its limit, disables the form
+        (and every route resolved so far is resolved again, compiled ones included)."""
         if self.ledger.failed(form.name, exc):
             logger.warning("ditgate: %s: form %s %s; the host serves this site from now on",
                            self.name, form.name, self.ledger.disabled[form.name])
+            self.context.invalidate()
         return self._host(call, f"{form.name} raised", host)
 
     def _host(self, call: AttentionCall, reason: str, host: HostFn) -> torch.Tensor:
         if self.context.tally:
             self.ledger.hosted(reason)
-        self._observe(call, HOST, reason)
+        self.observe(call, HOST, reason)
         return host()
+
+    # --- inside a torch.compile trace (``traced.TracedSite``) ----------------------------------------
+    def resolve_traced(self, sig: tuple) -> tuple[str | None, str, bool]:
+        """At trace time, eagerly: the form a compiled graph is to call for this signature, or None for the host,
+        and why, and whether the sparse stage selects for it (``resolve_selection``). Nothing is measured: a call
+        the chooser would measure goes to the host, with the reason."""
+        route = self._resolve(sig, compiling=True)
+        if isinstance(route, FormRoute):
+            return route.form.name, "", isinstance(route, SelectedRoute)
+        return None, route.reason, False
+
+    def resolve_selection(self, form_name: str, sig: tuple) -> tuple[tuple | None, str]:
+        """At trace time, eagerly: how a graph traced for the sparse stage's current ``graph_token`` selects for
+        this call (a plain tuple, ``sparse.graph.GraphPlan``), or None and why the host serves it there."""
+        call = call_of(sig, self.context.capability(sig[4]))
+        stage = self.context.sparse
+        rows = self.context.forms[form_name].selection_rows(call, stage.setting.block)
+        plan, why = stage.graph_selection(self.name, self.module_path, self.role or self.role_hint, tuple(sig[0]),
+                                          sig[1][2], sig[4], rows)
+        return (None, f"sparse: {why}") if plan is None else (tuple(plan), "")

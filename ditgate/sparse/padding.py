@@ -26,6 +26,11 @@ from .families import FAMILIES_WITH_PADDING_MASKS, PAIR_PADDING, ForwardLayouts,
 logger = logging.getLogger("ditgate")
 
 
+def capturing() -> bool:
+    """Whether this thread's CUDA stream is being captured into a CUDA graph (no device value may be read)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @dataclass(frozen=True)
 class PaddingCut:
     """Where a call's keys end before its padding, and whether the host's rows from there on are zeros (its mask
@@ -44,6 +49,8 @@ class PaddingKeys:
         self._denoiser_of: dict[str, str] = {}
         self._checked: dict[tuple, bool] = {}  # (layout, mask shape, device): the mask hides the layout's padding
         self._said: set[tuple[str, str]] = set()
+        self._names: set[str] = set()  # the denoisers whose forwards are read
+        self._reads: dict[str, int] = {}
 
     def install(self, name: str, model: torch.nn.Module, module_paths: list[str]) -> list:
         """A pre-hook on ``model`` where its family passes padding masks; returns the handles (none otherwise)."""
@@ -52,11 +59,28 @@ class PaddingKeys:
         for path in module_paths:
             self._denoiser_of[path] = name
 
+        self._names.add(name)
+
         def pre(module, args, kwargs):
-            self._forward[name] = layouts_of_forward(module, args, kwargs)
+            # a compiled graph keeps the mask (the router cuts nothing there); a forward captured into a CUDA graph
+            # reads no device value: it keeps the layouts of the forward before it (its warm-up)
+            if torch.compiler.is_compiling() or capturing():
+                return None
+            self.read(name, module, args, kwargs)
             return None
 
         return [model.register_forward_pre_hook(pre, with_kwargs=True)]
+
+    def read(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Read the layouts of a forward of the denoiser ``name`` (its hook does, outside compiled graphs; a plan
+        measuring on a forward that a compiled wrapper started does, once that forward runs eagerly)."""
+        if name in self._names:
+            self._forward[name] = layouts_of_forward(model, args, kwargs)
+            self._reads[name] = self._reads.get(name, 0) + 1
+
+    def reads(self, name: str) -> int:
+        """How many forwards of ``name`` were read so far (the sparse stage's hook reads one that was not)."""
+        return self._reads.get(name, 0)
 
     def covers(self, name: str) -> bool:
         """Whether the denoiser ``name`` has had a forward read here."""

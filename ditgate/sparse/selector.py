@@ -48,6 +48,11 @@ class _Geometry:
     fixed_i8: torch.Tensor  # ``fixed`` and ``always`` as int8, for the Triton kernels
     always_i8: torch.Tensor
 
+    def scoring(self) -> dict[str, torch.Tensor | int]:
+        """What ``choose_tiles`` reads of the geometry (and the selection op takes as its arguments)."""
+        return dict(fixed=self.fixed, fixed_score=self.fixed_score, always=self.always, fixed_i8=self.fixed_i8,
+                    always_i8=self.always_i8, columns=self.columns, width=self.width)
+
 
 def _pool(x: torch.Tensor, block: int, n: int) -> torch.Tensor:
     """Mean of each tile's rows in float32, read in place (no padded or upcast copy of ``x``)."""
@@ -120,42 +125,24 @@ class TileSelector:
         if keep >= geo.candidates:
             return None
         n_m, n = geo.n_rows, geo.n_cols
-        counts = self._counts(layout, q.device, keep, rows, B, H)
+        counts = self.counts(layout, q.device, keep, rows, B, H)
         given = pooled() if pooled is not None else None
         if given is not None and (given[0].shape != (B, H, n_m, D) or given[1].shape != (B, HK, n, D)):
             raise ValueError(f"pooled tiles must be [{B}, {H}, {n_m}, {D}] and [{B}, {HK}, {n}, {D}], got "
                              f"{list(given[0].shape)} and {list(given[1].shape)}")
-        if self._use_kernels(q):
-            from ..kernels import tile_select
-
-            qp, kp = given or (tile_select.pool_tiles(q, rows), tile_select.pool_tiles(k, self.block))
-            scores = torch.matmul(qp.view(B, HK, H // HK * n_m, D), kp.transpose(-1, -2)).view(B, H, n_m, n)
-            index = tile_select.choose_and_list(scores, geo.fixed_i8, geo.fixed_score, geo.always_i8, keep, geo.width)
-            return KeyBlockLists(index, counts, rows, self.block)
-        qp, kp = given or (_pool(q, rows, n_m), _pool(k, self.block, n))
-        scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n_m, D), kp).reshape(B, H, n_m, n)
-        scores = torch.where(geo.fixed, geo.fixed_score, scores)  # only video key tiles compete; diagonal wins
-        chosen = self._best(scores, keep)  # [B, H, n_m, keep], video tiles only
-        # ascending lists without a sort: mark the kept tiles, then each kept tile's rank among its row's
-        # kept tiles (a running count) is its slot; unkept tiles write to a spill slot that is cut off
-        kept = torch.zeros(B, H, n_m, n, dtype=torch.bool, device=q.device).scatter_(-1, chosen, True) | geo.always
-        width = geo.width
-        slot = torch.where(kept, kept.cumsum(-1, dtype=torch.int32) - 1, width).long()
-        index = torch.zeros(B, H, n_m, width + 1, dtype=torch.int32, device=q.device)
-        index.scatter_(-1, slot, geo.columns.expand(B, H, n_m, n))
-        return KeyBlockLists(index[..., :width].contiguous(), counts, rows, self.block)
+        index = choose_tiles(q, k, keep, rows, self.block, self._use_kernels(q), given, **geo.scoring())
+        return KeyBlockLists(index, counts, rows, self.block)
 
     def _use_kernels(self, q: torch.Tensor) -> bool:
+        return self.uses_kernels(q.device)
+
+    def uses_kernels(self, device: torch.device) -> bool:
+        """Whether calls on ``device`` run the Triton kernels (``kernels``) rather than the torch path."""
         if self.kernels is not None:
             return self.kernels
-        return q.device.type == "cuda" and self._triton
+        return device.type == "cuda" and self._triton
 
-    @staticmethod
-    def _best(scores: torch.Tensor, keep: int) -> torch.Tensor:
-        """Indices of the ``keep`` highest scores of each row (any order)."""
-        return scores.topk(keep, dim=-1, sorted=False).indices
-
-    def _counts(self, layout: TokenLayout, device: torch.device, keep: int, rows: int, batch: int,
+    def counts(self, layout: TokenLayout, device: torch.device, keep: int, rows: int, batch: int,
                 heads: int) -> torch.Tensor:
         """Int32 [batch, heads, query tiles]: ``keep`` video tiles plus the pinned ones, or every non-padding
         tile. Made once per shape (the copy was a kernel launch on every call); nobody writes to it."""
@@ -165,3 +152,32 @@ class TileSelector:
             per_tile = torch.where(geo.sparse, keep + geo.n_pinned, geo.width).to(torch.int32)
             self._count_cache[key] = per_tile.expand(batch, heads, geo.n_rows).contiguous()
         return self._count_cache[key]
+
+
+def choose_tiles(q: torch.Tensor, k: torch.Tensor, keep: int, rows: int, block: int, kernels: bool,
+                 given: tuple[torch.Tensor, torch.Tensor] | None = None, *, fixed: torch.Tensor,
+                 fixed_score: torch.Tensor, always: torch.Tensor, fixed_i8: torch.Tensor, always_i8: torch.Tensor,
+                 columns: torch.Tensor, width: int) -> torch.Tensor:
+    """The per-call work of a selection: int32 [B, H, query tiles, width] ascending key-tile lists (each row's first
+    ``counts`` entries), from the pooled tiles (``given``, or pooled here) and the geometry's fixed scores
+    (``_Geometry.scoring``); ``kernels``: the two Triton kernels instead of the torch path (the same lists)."""
+    B, H, _, D = q.shape
+    HK = k.shape[1]
+    n_m, n = fixed.shape
+    if kernels:
+        from ..kernels import tile_select
+
+        qp, kp = given or (tile_select.pool_tiles(q, rows), tile_select.pool_tiles(k, block))
+        scores = torch.matmul(qp.view(B, HK, H // HK * n_m, D), kp.transpose(-1, -2)).view(B, H, n_m, n)
+        return tile_select.choose_and_list(scores, fixed_i8, fixed_score, always_i8, keep, width)
+    qp, kp = given or (_pool(q, rows, n_m), _pool(k, block, n))
+    scores = torch.einsum("bkgmd,bknd->bkgmn", qp.view(B, HK, H // HK, n_m, D), kp).reshape(B, H, n_m, n)
+    scores = torch.where(fixed, fixed_score, scores)  # only video key tiles compete; diagonal wins
+    chosen = scores.topk(keep, dim=-1, sorted=False).indices  # [B, H, n_m, keep], video tiles only (any order)
+    # ascending lists without a sort: mark the kept tiles, then each kept tile's rank among its row's
+    # kept tiles (a running count) is its slot; unkept tiles write to a spill slot that is cut off
+    kept = torch.zeros(B, H, n_m, n, dtype=torch.bool, device=q.device).scatter_(-1, chosen, True) | always
+    slot = torch.where(kept, kept.cumsum(-1, dtype=torch.int32) - 1, width).long()
+    index = torch.zeros(B, H, n_m, width + 1, dtype=torch.int32, device=q.device)
+    index.scatter_(-1, slot, columns.expand(B, H, n_m, n))
+    return index[..., :width].contiguous()

@@ -1,0 +1,122 @@
+"""``ditgate bench model --compile``: the stock model and each ditgate row under torch.compile, interleaved.
+
+Rows, each on its own copy of the model: a compiled wrapper keeps its model's graphs, and the eager rows'
+practice of re-attaching a plan from its receipt for every pass would recompile on every pass.
+
+- ``stock + compile``: the stock model under ``torch.compile`` (diffusers' default attention backend);
+- ``<ditgate row> + compile``: each ditgate row (``bench_model.DitgateRow``) attached to its copy and calibrated
+  eagerly (one forward: the gate's calibration and whole-model check; a static row attaches as it is), then
+  compiled, so the graph is traced with the plan's routes;
+- each further mode asked for (``reduce-overhead``, ``max-autotune``: CUDA graph trees), the same rows in it.
+
+``cold ms`` is the first compiled call (dynamo, inductor, the first run): compile time, apart from the timed
+rounds; a ditgate row's calibration time is in its detail. Every round runs every row once on that round's
+fresh inputs (same shapes), rotating the order. ``x baseline`` is against ``stock + compile`` of the same mode,
+the cosine against the first row given as ``reference`` (the eager stock output) where there is one. Dynamo's
+recompile limit is raised for the run (one cache entry per row and budget on the same code), and put back.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..gate import compare
+from ..hosts import model_output
+from ..models.presets import ModelPreset
+from .bench_model import DitgateRow, _sync, _timed_forward, failed, interleaved, record
+from .bench_output import BenchRow
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+@dataclass
+class _Compiled:
+    name: str
+    mode: str
+    forward: Callable | None = None
+    detail: str = ""
+    cold_ms: float | None = None
+    status: str = "ok"
+    reason: str = ""
+    samples: list[float] = field(default_factory=list)
+    peaks: list = field(default_factory=list)
+    output: torch.Tensor | None = None
+
+
+def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, calib_inputs: dict,
+          device: torch.device) -> _Compiled:
+    cfg = _Compiled(name, mode)
+    try:
+        copy_ = copy.deepcopy(model)
+        if row is not None:
+            _sync(device)
+            t0 = time.perf_counter()
+            plan = row.attach(copy_)
+            with torch.no_grad():
+                copy_(**calib_inputs)  # calibrates (a measured row), eagerly
+            _sync(device)
+            cfg.detail = f"calibration {time.perf_counter() - t0:.1f} s; plan kept attached ({plan.mode})"
+        cfg.forward = torch.compile(copy_) if mode == "default" else torch.compile(copy_, mode=mode)
+    except Exception as exc:
+        cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
+    return cfg
+
+
+def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
+                   rows: Sequence[DitgateRow], rounds: int, steps: int = 1, modes: Sequence[str] = ("default",),
+                   reference: torch.Tensor | None = None, progress=None) -> list[BenchRow]:
+    """The compiled rows (see the module docstring); ``reference``: the eager stock output on round 0's inputs."""
+    calib_inputs = preset.inputs(model, device, dtype, seed=1000)
+    configs: list[_Compiled] = []
+    for mode in modes:
+        suffix = " + compile" + ("" if mode == "default" else f" ({mode})")
+        if progress:
+            progress(f"preparing the compiled rows{suffix}")
+        configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device))
+        configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device) for row in rows]
+    with torch._dynamo.config.patch(recompile_limit=max(64, 8 * len(configs)),
+                                    accumulated_recompile_limit=max(256, 32 * len(configs))):
+        for r, inputs, cfg in interleaved(preset, model, device, dtype, configs, rounds, progress):
+            try:
+                if r == 0:  # compiles: reported apart
+                    cfg.cold_ms, _, _ = _timed_forward(cfg.forward, inputs, device, 1)
+                ms, peak, out = _timed_forward(cfg.forward, inputs, device, steps)
+            except Exception as exc:
+                failed(cfg, exc)
+                continue
+            record(cfg, r, ms, peak, out)
+    return _rows(preset, configs, reference)
+
+
+def _rows(preset: ModelPreset, configs: list[_Compiled], reference: torch.Tensor | None) -> list[BenchRow]:
+    baselines = {c.mode: statistics.median(c.samples) for c in configs
+                 if c.name.startswith("stock") and c.samples and c.status == "ok"}
+    rows = []
+    for cfg in configs:
+        if not cfg.samples or cfg.status != "ok":
+            rows.append(BenchRow.not_run(preset.name, cfg.name, "ditgate" if "ditgate" in cfg.name else "stock",
+                                         cfg.status if cfg.status != "ok" else "raised", cfg.reason, cfg.cold_ms))
+            continue
+        med = statistics.median(cfg.samples)
+        acc = compare(cfg.output, reference.float()) if reference is not None and cfg.output is not None else None
+        base = baselines.get(cfg.mode)
+        rows.append(BenchRow(preset.name, cfg.name, "ditgate" if "ditgate" in cfg.name else "stock", "ok", "", med,
+                             min(cfg.samples), max(cfg.samples), cfg.cold_ms, None, base / med if base else None,
+                             acc.cosine if acc else None, acc.psnr_db if acc else None,
+                             max(cfg.peaks) if cfg.peaks[0] is not None else None,
+                             detail=f"{len(cfg.samples)} rounds; cold = compile + first call"
+                                    + (f"; {cfg.detail}" if cfg.detail else "")))
+    return rows
+
+
+def reference_output(preset: ModelPreset, model: torch.nn.Module, device: torch.device,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """The stock model's eager output on round 0's inputs (what the compiled rows' cosines compare with)."""
+    with torch.no_grad():
+        return model_output(model(**preset.inputs(model, device, dtype, seed=0))).detach().float().clone()

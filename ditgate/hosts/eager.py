@@ -1,0 +1,69 @@
+"""Running a denoiser eagerly where torch.compile holds it: for the forwards that measure.
+
+Measuring needs real tensors and real time, so it never happens inside a compiled graph. While a plan measures
+on a model's forwards it puts an ``EagerForward`` on that model: the model's ``forward`` (an instance attribute,
+so only this model is touched) becomes a function that dynamo skips (a graph break, there only while measuring),
+and while it runs, the model's own modules compiled in place (``module.compile()``, diffusers'
+``compile_repeated_blocks``) run their original code. Compiled callables of ditgate's forms stay compiled: they
+are measured as they will serve. Once the plan is done, it removes the ``EagerForward``; a compiled wrapper's
+guard on ``forward`` then fails once and it recompiles with the plan's routes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+Around = Callable[[tuple, dict, Callable[[], object]], object]
+
+
+@contextlib.contextmanager
+def uncompiled(model: torch.nn.Module) -> Iterator[None]:
+    """While open, modules of ``model`` compiled in place call their original ``_call_impl``."""
+    compiled = [(m, m._compiled_call_impl) for m in model.modules()
+                if getattr(m, "_compiled_call_impl", None) is not None]
+    for m, _ in compiled:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, fn in compiled:
+            m._compiled_call_impl = fn
+
+
+class EagerForward:
+    """Until ``remove()``, ``model``'s forward runs outside any compiled graph, as ``around(args, kwargs, run)``,
+    ``run`` being the forward it replaced. Several may be stacked on one model; each removes only itself."""
+
+    def __init__(self, model: torch.nn.Module, around: Around) -> None:
+        self.model = model
+        self._had = "forward" in model.__dict__
+        self._previous = model.__dict__.get("forward")
+        self.removed = False
+        real = model.forward
+
+        @torch.compiler.disable
+        def forward(*args, **kwargs):
+            if self.removed:  # removed beneath a later one: pass through
+                return real(*args, **kwargs)
+            with uncompiled(model):
+                return around(args, kwargs, lambda: real(*args, **kwargs))
+
+        forward._ditgate_eager = self
+        self._forward = forward
+        model.forward = forward
+
+    def remove(self) -> None:
+        self.removed = True
+        if self.model.__dict__.get("forward") is not self._forward:
+            return  # a later one sits on top: it skips this one when it goes
+        had, previous = self._had, self._previous
+        while had and getattr(previous, "_ditgate_eager", None) is not None and previous._ditgate_eager.removed:
+            below = previous._ditgate_eager
+            had, previous = below._had, below._previous
+        if had:
+            self.model.forward = previous
+        else:
+            del self.model.forward
