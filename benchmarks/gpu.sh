@@ -3,27 +3,32 @@
 #
 # The GPU machine has Python 3.12 and a CUDA torch but no network. What it lacks travels as wheels, fetched once on a
 # machine with network by `bash benchmarks/fetch_gpu_wheels.sh`: .whl/ (diffusers, flash-attn-4 and its needs,
-# sageattention) and the 92 MB cutlass cu13 library wheel that flash-attn-4 needs, split into .big/a and .big/b,
-# because a call carries at most 64 MiB. /tmp outlives a call while the machine stays warm, so a fresh machine takes:
+# sageattention), .whl2/ (fa3-fwd, 27.6 MB) and the 92 MB cutlass cu13 library wheel that flash-attn-4 needs, split
+# into .big/a, .big/b and .big/c, because a call carries at most 64 MiB with the tree. /tmp outlives a call while the
+# machine stays warm (about 30 s between calls), so a fresh machine takes, back to back:
 #
-#   bash benchmarks/gpu.sh prep                     (carry .big/a)  then again (carry .big/b): the halves into /tmp
-#   bash benchmarks/gpu.sh install tests kernels    (carry .whl)    join the halves, install, then the stages
-#   bash benchmarks/gpu.sh models                   (no carry, same warm machine)
-#   bash benchmarks/gpu.sh sparse                   (no carry, same warm machine)
+#   bash benchmarks/gpu.sh prep                     (carry .big/a .whl)    into /tmp/carry
+#   bash benchmarks/gpu.sh prep                     (carry .big/b)         into /tmp/carry
+#   bash benchmarks/gpu.sh install tests kernels    (carry .big/c .whl2)   join, install, then the stages
+#   bash benchmarks/gpu.sh calibration models       (no carry, same warm machine)
 #
 # Stages:
-#   prep      copy the carried halves of the cutlass wheel to /tmp
-#   install   join them, pip install every carried wheel into /tmp/site, print the versions
+#   prep      copy whatever parts and wheels were carried to /tmp/carry
+#   install   join the cutlass parts, pip install every carried wheel into /tmp/site, print the versions
+#   overhead  the router's host-side cost per attention call (ditgate bench overhead, budget 30 us)
 #   tests     the GPU tests (pytest -m gpu), then the kernel tests on CUDA
 #   kernels   ditgate bench kernels at the attention shapes of real models ($KERNEL_SHAPES)
 #   models    ditgate bench model, whole forwards: stock diffusers against ditgate's profiles and the sparse
 #             stage, per "preset:blocks" in $MODELS, each under $EACH seconds
 #   sparse    benchmarks/sparse_attention.py: the sparse forms against fa4 and cuDNN on activations captured
 #             from the model classes, per preset in $SPARSE_MODELS
+#   calibration  ditgate bench calibration: seconds and stock forwards per profile, the timing cache's second
+#             process, per "preset:blocks" in $CALIBRATION (and the per-site gate beside it for $PER_SITE)
+#   compiled  ditgate bench model with linear forms and torch.compile rows, per "preset:blocks" in $COMPILED
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
-# Each stage writes under $OUT/<stage>/ (JSON, PNG, logs; at most two folders down, which the device tool returns)
-# and the script ends with a short table of every result (benchmarks/summary.py). Every call is at most 10 minutes:
+# Each stage writes under $OUT/<stage>/ (JSON, PNG, logs) and the script ends with a short table of every result
+# (benchmarks/summary.py); then $OUT holds results.tgz (all of it) and summary.txt, as the device tool returns 8 files. Every call is at most 10 minutes:
 # the defaults keep each stage well inside that, one stage per call for models and sparse.
 # To add a stage: a function stage_<name> that writes under "$OUT/<name>", and a line in the usage list above.
 set -uo pipefail
@@ -31,8 +36,13 @@ OUT=${OUT:-ditgate-out}
 SITE=/tmp/site
 export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD"
 export PYTHONUNBUFFERED=1
-CU13=/tmp/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-KERNEL_SHAPES=${KERNEL_SHAPES:-"flux-1024 ltx-768x512x121 ltx-1216x704x257 wan-1.3b-480p wan-14b-480p"}
+CARRY=/tmp/carry
+CU13=$CARRY/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+KERNEL_SHAPES=${KERNEL_SHAPES:-"flux-1024 image-8192-hd128 image-8192-hd64 ltx-1216x704x257 wan-14b-480p"}
+KERNEL_FORMS=${KERNEL_FORMS:-"sdpa_cudnn fa4 fa3 fa3_fp8 fp8 int8"}
+CALIBRATION=${CALIBRATION:-"wan-1.3b-480p-81f"}
+PER_SITE=${PER_SITE:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8"}
+COMPILED=${COMPILED:-"wan-1.3b-480p-81f flux-dev-1024"}
 MODELS=${MODELS:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8 flux-dev-1024:8"}
 EACH=${EACH:-180}
 SPARSE_MODELS=${SPARSE_MODELS:-"ltx-2b-1216x704x257"}  # wan-14b-480p-81f takes about 7 minutes alone
@@ -45,22 +55,25 @@ gpu_line() {  # the GPU, its driver and clock, into the stage's folder
 }
 
 stage_prep() {
-    for half in .big/a/cu13.partaa .big/b/cu13.partab; do
-        [ -f "$half" ] && cp "$half" /tmp/ && echo "copied $half to /tmp"
+    mkdir -p "$CARRY"
+    local f
+    for f in .big/*/cu13.part* .whl/*.whl .whl2/*.whl; do
+        [ -f "$f" ] && cp "$f" "$CARRY/" && echo "carried $f"
     done
-    ls -la /tmp/cu13.part* 2>/dev/null || echo "no half of the cutlass wheel carried: carry .big/a, then .big/b"
+    ls "$CARRY"
 }
 
 stage_install() {
-    local dir=$OUT/install wheels=(.whl/*.whl)
+    local dir=$OUT/install
     mkdir -p "$dir"
-    [ -f "${wheels[0]}" ] || { echo "install: no .whl/*.whl carried (bash benchmarks/fetch_gpu_wheels.sh)"; return 1; }
-    for half in .big/a/cu13.partaa .big/b/cu13.partab; do [ -f "$half" ] && cp "$half" /tmp/; done
-    if [ -f /tmp/cu13.partaa ] && [ -f /tmp/cu13.partab ]; then
-        cat /tmp/cu13.partaa /tmp/cu13.partab > "$CU13" && wheels+=("$CU13")
-    else
-        echo "install: the cutlass cu13 halves are not both in /tmp (stage prep): flash-attn-4 will not import"
+    stage_prep > /dev/null
+    local parts=("$CARRY"/cu13.part*)
+    if [ "${#parts[@]}" -ge 3 ]; then
+        cat "${parts[@]}" > "$CU13" && rm -f "${parts[@]}"
     fi
+    [ -f "$CU13" ] || echo "install: the cutlass cu13 parts are not all in $CARRY (stage prep): flash-attn-4 will not import"
+    local wheels=("$CARRY"/*.whl)
+    [ -f "${wheels[0]}" ] || { echo "install: no wheel carried (bash benchmarks/fetch_gpu_wheels.sh)"; return 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "${wheels[@]}" || return 1
     gpu_line "$dir"
@@ -68,16 +81,17 @@ stage_install() {
 import importlib.metadata as md
 import torch
 print("python", __import__("platform").python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
-for name in ("triton", "diffusers", "flash-attn-4", "sageattention", "nvidia-cutlass-dsl"):
+for name in ("triton", "diffusers", "flash-attn-4", "fa3-fwd", "sageattention", "nvidia-cutlass-dsl", "peft"):
     try:
         print(name, md.version(name))
     except md.PackageNotFoundError:
         print(name, "not installed")
-try:
-    from flash_attn.cute import flash_attn_func  # noqa: F401
-    print("flash-attn-4 imports")
-except Exception as exc:
-    print("flash-attn-4 does not import:", type(exc).__name__, str(exc)[:200])
+for what, stmt in (("flash-attn-4", "from flash_attn.cute import flash_attn_func"), ("fa3-fwd", "import fa3_fwd")):
+    try:
+        exec(stmt)
+        print(what, "imports")
+    except Exception as exc:
+        print(what, "does not import:", type(exc).__name__, str(exc)[:200])
 PY
     python3 -m ditgate.cli.main doctor > "$dir/doctor.txt" 2>&1 || tail -5 "$dir/doctor.txt"
 }
@@ -96,7 +110,8 @@ stage_kernels() {
     mkdir -p "$dir"
     gpu_line "$dir"
     # shellcheck disable=SC2086
-    timeout 420 python3 -m ditgate.cli.main bench kernels --preset $KERNEL_SHAPES --warm 15 --out "$dir" 2>&1 \
+    timeout 420 python3 -m ditgate.cli.main bench kernels --preset $KERNEL_SHAPES --forms $KERNEL_FORMS --warm 15 \
+        --out "$dir" 2>&1 \
         | quiet | tee "$dir/bench-kernels.log" | tail -40
 }
 
@@ -128,6 +143,43 @@ stage_sparse() {  # the sparse forms at budget 0.3 (and 1.0 / 0.5 / 0.15), selec
     done
 }
 
+stage_overhead() {
+    local dir=$OUT/overhead
+    mkdir -p "$dir"
+    timeout 120 python3 -m ditgate.cli.main bench overhead --device cuda 2>&1 | quiet | tee "$dir/overhead.log" | tail -8
+}
+
+stage_calibration() {  # the gate's cost on full models; the per-site gate beside it where $PER_SITE names a model
+    local dir=$OUT/calibration item preset blocks
+    mkdir -p "$dir"
+    gpu_line "$dir"
+    for item in $CALIBRATION; do
+        preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
+        echo "== $preset${blocks:+, $blocks blocks}: quality, speed, speed with sparse 0.3; a second process"
+        timeout "$EACH" python3 -m ditgate.cli.main bench calibration --preset "$preset" ${blocks:+--layers "$blocks"} \
+            --profiles quality speed --sparse 0.3 --second-process --out "$dir" 2>&1 | quiet | tail -16
+    done
+    for item in $PER_SITE; do
+        preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
+        echo "== $preset${blocks:+, $blocks blocks}: the per-site gate and the shared one, the forms each chose"
+        timeout "$EACH" python3 -m ditgate.cli.main bench calibration --preset "$preset" ${blocks:+--layers "$blocks"} \
+            --profiles quality speed --per-site --out "$dir/per-site-$preset" 2>&1 | quiet | tail -16
+    done
+}
+
+stage_compiled() {  # eager and compiled rows, with and without linear forms
+    local dir=$OUT/compiled item preset blocks
+    mkdir -p "$dir"
+    gpu_line "$dir"
+    for item in $COMPILED; do
+        preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
+        echo "== $preset${blocks:+, $blocks blocks}"
+        timeout "$EACH" python3 -m ditgate.cli.main bench model --preset "$preset" ${blocks:+--layers "$blocks"} \
+            --backends native --profiles quality speed --linear --compile default --rounds 3 --out "$dir" 2>&1 \
+            | quiet | tee "$dir/$preset.log" | tail -24
+    done
+}
+
 stage_lists() {
     local dir=$OUT/lists
     mkdir -p "$dir"
@@ -147,5 +199,7 @@ for stage in "$@"; do
     echo "==== $stage"
     "stage_$stage" || { status=$?; echo "stage $stage failed ($status)"; }
 done
-python3 benchmarks/summary.py "$OUT"
+python3 benchmarks/summary.py "$OUT" | tee /tmp/summary.txt
+# the device tool returns at most 8 files: everything goes back as one archive, the summary beside it
+tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz /tmp/summary.txt "$OUT/"
 exit $status

@@ -3,7 +3,8 @@
     python benchmarks/summary.py OUT
 
 Reads, at most two folders down: bench-kernels.json (one line per shape: each form's ms and its ratio to cuDNN),
-bench-model-*.json (one line per row: ms, x stock native, cosine, the sites' routes), sparse-attention.json (the dense
+bench-model-*.json (one line per row: ms, x stock native, cosine, the sites' routes), bench-calibration-*.json
+(seconds and stock forwards per calibration, the forms the per-site and shared gates chose), sparse-attention.json (the dense
 rows and those at budget 0.3: one call and back to back, x the best exact dense form), fixed-costs.json (block lists
 against dense, and the bound) and junit*.xml (test counts).
 """
@@ -52,6 +53,15 @@ def lists(data: dict) -> list[str]:
             for r in data["rows"] if "ratio" in r]
 
 
+def calibration(data: dict) -> list[str]:
+    lines = [f"  {r['row']:<36} {r['seconds']:7.1f} s {r['forwards']:6.1f} forwards, {r['timings']} timings, "
+             f"{r['cache_hits']} cache hits" for r in data["runs"]]
+    for comp in data.get("comparisons", ()):
+        same = sum(s["per_site"] == s["shared"] for s in comp["sites"])
+        lines.append(f"  {comp['row']}: the same form at {same} of {len(comp['sites'])} (site, shape) pairs")
+    return lines
+
+
 def tests(path: Path) -> list[str]:
     suite = ET.parse(path).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
@@ -70,6 +80,8 @@ def main() -> None:
                 lines = kernels(json.loads(path.read_text()))
             elif path.name.startswith("bench-model-") and path.suffix == ".json":
                 lines = model(json.loads(path.read_text()))
+            elif path.name.startswith("bench-calibration-") and path.suffix == ".json":
+                lines = calibration(json.loads(path.read_text()))
             elif path.name == "fixed-costs.json":
                 lines = lists(json.loads(path.read_text()))
             elif path.name == "sparse-attention.json":
