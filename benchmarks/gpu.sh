@@ -99,9 +99,9 @@ PY
 stage_tests() {  # the tests marked gpu, then the kernel tests that run interpreted on a CPU, natively here
     local dir=$OUT/tests
     mkdir -p "$dir"
-    timeout 360 python3 -m pytest -q -m gpu -rs --tb=short --junitxml "$dir/junit-gpu.xml" 2>&1 | quiet \
+    timeout ${TESTS_S:-360} python3 -m pytest -q -m gpu -rs --tb=short --junitxml "$dir/junit-gpu.xml" 2>&1 | quiet \
         | tee "$dir/pytest-gpu.txt" | tail -12
-    timeout 180 python3 -m pytest -q --tb=short --junitxml "$dir/junit-kernels.xml" tests/test_quant_kernel.py \
+    timeout ${KERNEL_TESTS_S:-180} python3 -m pytest -q --tb=short --junitxml "$dir/junit-kernels.xml" tests/test_quant_kernel.py \
         tests/test_fused_pooling.py 2>&1 | quiet | tee "$dir/pytest-kernels.txt" | tail -6
 }
 
@@ -110,7 +110,7 @@ stage_kernels() {
     mkdir -p "$dir"
     gpu_line "$dir"
     # shellcheck disable=SC2086
-    timeout 420 python3 -m ditgate.cli.main bench kernels --preset $KERNEL_SHAPES --forms $KERNEL_FORMS --warm 15 \
+    timeout ${KERNELS_S:-420} python3 -m ditgate.cli.main bench kernels --preset $KERNEL_SHAPES --forms $KERNEL_FORMS --warm ${WARM:-15} \
         --out "$dir" 2>&1 \
         | quiet | tee "$dir/bench-kernels.log" | tail -40
 }
