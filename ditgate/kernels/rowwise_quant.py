@@ -21,8 +21,8 @@ import triton.language as tl
 from .fp8_heads import _on_e4m3_grid
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read when Triton reads it: at import
-BLOCK_M = 8
-BLOCK_K = 512
+BLOCK_M = 1
+BLOCK_K = 2048
 MIN_SCALE = 1e-12
 
 
@@ -62,7 +62,8 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
             tl.store(Q + out + cols[None, :], _round_half_even(y).to(tl.int8), mask=inside)
 
 
-def quantize_rows(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: int = BLOCK_K,
+                  warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] (any strides, bf16/fp16/fp32) -> (values [M, K] row-major e4m3 or int8, scales [M, 1] float32)
     with ``x ≈ values * scales``."""
     if x.dim() != 2:
@@ -73,7 +74,7 @@ def quantize_rows(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tenso
     if m == 0:
         return values, scales
     largest = float(torch.finfo(torch.float8_e4m3fn).max) if fp8 else 127.0
-    _rowwise_kernel[(triton.cdiv(m, BLOCK_M),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest,
-                                                FP8=fp8, GRID_FIRST=_INTERPRETED, BM=BLOCK_M, BK=BLOCK_K,
-                                                num_warps=4)
+    _rowwise_kernel[(triton.cdiv(m, block_m),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest,
+                                                FP8=fp8, GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
+                                                num_warps=warps)
     return values, scales

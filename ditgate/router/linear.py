@@ -63,6 +63,8 @@ class LinearRouter:
         self.candidates: dict[str, QuantizedWeight] = {}  # a form's weights made while measuring, before settling
         self._reasons: dict[tuple[str, str], tuple[str, ...]] = {}
         self._seen_routes: set[tuple] = set()
+        self._routes: dict[tuple, object] = {}  # call signature -> what serves it, for the generation below
+        self._generation = -1
         self.custody.install_forward(self.forward)
 
     # --- weights -------------------------------------------------------------------------------------
@@ -119,8 +121,47 @@ class LinearRouter:
 
     # --- the call path ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """A call whose signature resolved to a route since the plan's generation last changed replays it (a dict
+        lookup: a denoiser makes hundreds of linear calls per forward, and deciding one costs tens of microseconds
+        of Python); any other call is decided (``decide``)."""
         if not isinstance(x, torch.Tensor) or x.ndim == 0:
             return self.run_host(x)
+        if _compiling():
+            return self.decide(x)
+        generation = self.context.route.generation
+        if generation != self._generation:
+            self._routes.clear()
+            self._generation = generation
+        weight = self.module._parameters["weight"]
+        sig = (x.shape, x.dtype, x.device, weight.device, weight.dtype, torch.is_grad_enabled() and (x.requires_grad or self.custody.requires_grad),
+               torch.is_autocast_enabled(x.device.type))
+        route = self._routes.get(sig)
+        if route is not None:
+            return route(x)
+        return self.decide(x, sig)
+
+    def _host_route(self, reason: str):
+        def host(x: torch.Tensor) -> torch.Tensor:
+            if self.context.route.tally:
+                self.ledger.hosted(reason)
+            return self.run_host(x)
+
+        return host
+
+    def _form_route(self, form: LinearForm, call: LinearCall):
+        def serve(x: torch.Tensor) -> torch.Tensor:
+            try:
+                out = self.run_form(form, x, self.weights_for(form.name))
+            except Exception as exc:  # never fail a call the host could serve
+                return self._failed(form, exc, call, x)
+            if self.context.route.tally:
+                self.ledger.served(form.name)
+            return out
+
+        return serve
+
+    def decide(self, x: torch.Tensor, sig: tuple | None = None) -> torch.Tensor:
+        """Decide this call's route (and keep it under ``sig``, unless it measures), then serve the call."""
         call = self.describe(x)
         if not _compiling():
             self.shapes.setdefault(call.shape_key, call)
@@ -128,12 +169,16 @@ class LinearRouter:
         if decision.measure:
             self._tally_host(call, "calibrating")
             return self.context.chooser.measure(self, call, x)
-        if decision.form is None:
-            return self._host(call, decision.reason, x)
-        blocked = self._blocked(decision.form, call, x)
-        if blocked:
-            return self._host(call, f"{decision.form}: {blocked}", x)
+        reason = decision.reason if decision.form is None else self._blocked(decision.form, call, x)
+        if reason and decision.form is not None:
+            reason = f"{decision.form}: {reason}"
+        if reason or decision.form is None:
+            if sig is not None:
+                self._routes[sig] = self._host_route(reason)
+            return self._host(call, reason, x)
         form = self.context.forms[decision.form]
+        if sig is not None:
+            self._routes[sig] = self._form_route(form, call)
         try:
             out = self.run_form(form, x, self.weights_for(form.name))
         except Exception as exc:  # never fail a call the host could serve
@@ -174,6 +219,7 @@ class LinearRouter:
         return self.run_host(x)
 
     def _failed(self, form: LinearForm, exc: Exception, call: LinearCall, x: torch.Tensor) -> torch.Tensor:
+        self._routes.clear()  # the next call decides again (past the limit, without this form)
         if not _compiling() and self.ledger.failed(form.name, exc):
             logger.warning("ditgate: %s: linear form %s %s; the host serves this site from now on",
                            self.name, form.name, self.ledger.disabled[form.name])
