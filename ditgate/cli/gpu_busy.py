@@ -2,7 +2,7 @@
 one's start to the last one's end.
 
 Why: the sparse forms launch several small kernels per call, and timed one call at a time the GPU waited for the
-host between them (about 0.8 ms per FP8 call at LTX's 27588 tokens, benchmarks/results/2026-12-04-h200-s18). Back to
+host between them (about 0.8 ms per FP8 call at LTX's 27588 tokens on an H200). Back to
 back the host runs ahead and those waits vanish. Whether they vanish inside a whole model forward, where other
 modules' kernels keep the GPU busy while the host launches, is what this measures (``ditgate bench model
 --gpu-busy``). The profiler adds its own host time to every launch, so the idle time it finds is an upper bound.

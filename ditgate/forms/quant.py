@@ -23,9 +23,9 @@ from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, 
 from .ops import hopper_module, run_quant, triton_config
 from .workspace import WorkspacePool
 
-# Measured on an H200 (benchmarks/results/2026-12-02-h200/quant-kernel.json; the Hopper schedule, whose P bytes come
-# from FMAs instead of exp2s: benchmarks/results/2026-12-03-h200-s11), bf16 N(0, 1) inputs at the Wan-14B and LTX long
-# shapes, cosine to a float32 reference; the gate measures every call's cosine anyway.
+# What the forms declare of their error: measured on an H200, bf16 N(0, 1) inputs at the Wan-14B and LTX long shapes,
+# cosine to a float32 reference (benchmarks/fp8_error_budget.py says where FP8's error comes from); the gate measures
+# every call's cosine anyway.
 _ERROR_BOUND = {
     "fp8": "per-block FP8 Q·K and FP8 P·V: cosine 0.9985 on random inputs, 0.9984 on the Hopper schedule (H200, "
            "Wan-14B/LTX shapes)",
@@ -98,10 +98,8 @@ class _QuantForm(Form):
     def pool_for_selection(self, call: AttentionCall, inputs: AttentionInputs, rows: int,
                            block: int) -> PooledTiles | None:
         """The quantized sparse forms quantize Q and K for their kernel anyway: that pass also sums each
-        block's rows (``quantize(sums=True)``), so the selector's tile means cost no read of their own. On
-        the H200 at Wan-14B's 40 x 32760 x 128 the selector's own pooling took 0.22 of its 0.30 ms; the
-        sums cost the quantization 0.05 ms and their means 0.03, and the whole FP8 call at budget 0.3 won 3
-        of 4 interleaved rounds by about 1 % at both long shapes (benchmarks/results/2026-12-03-h200-s12).
+        block's rows (``quantize(sums=True)``), so the selector's tile means cost no read of their own: the
+        selector's own pooling was most of its time, the sums add little to a pass that reads Q and K anyway.
         The copies ride to ``run``. Plain mode reads the host's tensors in place, with nothing to share: None."""
         if not self.sparse or self.qk == "plain" or self.not_supported_reasons(
                 dataclasses.replace(call, mask=MaskKind.BLOCK)):

@@ -9,10 +9,9 @@ key tiles are dropped. Geometry that depends only on the layout and the tile siz
 selector, layout and query-tile height, on the host, so the per-call path never reads a device value
 back. Query tiles may be taller than key tiles (``rows``): a consumer whose program covers 192 query
 rows (the Hopper schedule's three warpgroups at head dim 64) asks for 192 x 128 tiles, and a query
-tile's diagonal is then every key tile it overlaps (two); at LTX that took the kernel from 4.49 to 4.08
-ms at budget 0.3 (benchmarks/results/2026-12-03-h200-s7). Lists are assembled without a sort (a
-tile's slot is its rank among its row's kept tiles): on the H200 that cut the selection from 0.67 to
-0.41 ms at LTX's 27588 tokens (benchmarks/results/2026-12-02-h200-s3). A consumer that quantizes Q and K reads
+tile's diagonal is then every key tile it overlaps (two), and the consumer's lists run on its three
+warpgroups as dense calls do. Lists are assembled without a sort (a tile's slot is its rank among its
+row's kept tiles), which keeps the selection to a few small kernels. A consumer that quantizes Q and K reads
 them anyway and may hand over the tile means from that read (``select(pooled=...)``,
 ``Form.pool_for_selection``).
 """

@@ -57,8 +57,7 @@ class SparseSetting:
     schedule: BudgetSchedule = field(default_factory=BudgetSchedule)
     pattern: str = SELECTED
     block: int = 128
-    # every consumer by default; the gate measures those installed and usable (fa4_sparse checked against
-    # the expanded-mask reference on the H200: tests/test_gpu.py, benchmarks/results/2026-12-02-h200-s3)
+    # every consumer but the compiled flex one by default; the gate measures those installed and usable
     forms: tuple[str, ...] = tuple(f for f in SPARSE_PRIORITY if f != "flex_sparse")
 
     def __post_init__(self) -> None:
