@@ -25,6 +25,7 @@
 #   calibration  ditgate bench calibration: seconds and stock forwards per profile, the timing cache's second
 #             process, per "preset:blocks" in $CALIBRATION (and the per-site gate beside it for $PER_SITE)
 #   compiled  ditgate bench model with linear forms and torch.compile rows, per "preset:blocks" in $COMPILED
+#             ($COMPILED_ARGS replaces the rows asked for, e.g. "--profiles speed --compile default reduce-overhead")
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
 # Each stage writes under $OUT/<stage>/ (JSON, PNG, logs) and the script ends with a short table of every result
@@ -43,6 +44,7 @@ KERNEL_FORMS=${KERNEL_FORMS:-"sdpa_cudnn fa4 fa3 fa3_fp8 fp8 int8"}
 CALIBRATION=${CALIBRATION:-"wan-1.3b-480p-81f"}
 PER_SITE=${PER_SITE:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8"}
 COMPILED=${COMPILED:-"wan-1.3b-480p-81f flux-dev-1024"}
+COMPILED_ARGS=${COMPILED_ARGS:-"--profiles quality speed --linear --compile default"}
 MODELS=${MODELS:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8 flux-dev-1024:8"}
 EACH=${EACH:-180}
 SPARSE_MODELS=${SPARSE_MODELS:-"ltx-2b-1216x704x257"}  # wan-14b-480p-81f takes about 7 minutes alone
@@ -175,7 +177,8 @@ stage_compiled() {  # eager and compiled rows, with and without linear forms
         preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
         echo "== $preset${blocks:+, $blocks blocks}"
         timeout "$EACH" python3 -m ditgate.cli.main bench model --preset "$preset" ${blocks:+--layers "$blocks"} \
-            --backends native --profiles quality speed --linear --compile default --rounds 3 --out "$dir" 2>&1 \
+            --backends native $COMPILED_ARGS --rounds 3 \
+            --out "$dir" 2>&1 \
             | quiet | tee "$dir/$preset.log" | tail -24
     done
 }

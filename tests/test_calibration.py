@@ -5,6 +5,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 
 import pytest
 
@@ -248,3 +249,107 @@ def test_the_whole_model_check_costs_two_forwards_when_it_passes():
     (check,) = plan.report().whole_model
     assert check.passed and check.forwards == 2
     assert len(forwards) == 3  # the user's calibrating forward, one host pass, one routed pass
+
+
+def _counted(tiny) -> list:
+    forwards: list = []
+    tiny.model.register_forward_pre_hook(lambda m, a: forwards.append(1))
+    return forwards
+
+
+def _calibrate(tiny, profile, cache, form: FakeForm):
+    plan = ditgate.attach(tiny.model, profile=profile, forms=[form.name], extra_forms=[form], timing_cache=cache)
+    tiny.forward()
+    return plan
+
+
+def test_a_second_process_replays_the_whole_model_check_with_one_routed_forward(tmp_path):
+    cache = tmp_path / "timings.json"
+    tiny = _wan(2)
+    first = _calibrate(tiny, LENIENT, cache, FakeForm("good"))
+    (measured,) = first.report().whole_model
+    assert measured.forwards == 2 and not measured.from_cache and measured.seconds > 0
+    first.detach()
+    forwards = _counted(tiny)
+    second = _calibrate(tiny, LENIENT, cache, FakeForm("good"))
+    (replayed,) = second.report().whole_model
+    assert replayed.passed and replayed.from_cache and replayed.forwards == 1
+    assert len(forwards) == 2  # the calibrating forward and one routed pass: no host pass
+    assert (replayed.ratio, replayed.host_ms) == (measured.ratio, measured.host_ms)
+    assert "remembered in the timing cache" in replayed.note and replayed.cosine > 0.999999  # checked here
+    second.detach()
+    # other inputs (another shape) are another check: measured in full
+    third = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                           timing_cache=cache)
+    tiny.forward(hidden_states=tiny.inputs["hidden_states"][:, :, :1].contiguous())  # one frame of two
+    (other,) = third.report().whole_model
+    assert not other.from_cache and other.forwards == 2
+    third.detach()
+
+
+def test_a_replay_whose_output_misses_the_floor_falls_back_to_the_full_check(tmp_path, monkeypatch):
+    cache = tmp_path / "timings.json"
+    tiny = _wan(2)
+    _calibrate(tiny, LENIENT, cache, FakeForm("good")).detach()
+    import ditgate.api.plan as plan_module
+
+    real = plan_module.Plan._keep_host_output
+
+    def wrong(self, name, output):  # a host output that the routed pass cannot match
+        real(self, name, output)
+        self._host_outputs[name] = -self._host_outputs[name]
+
+    monkeypatch.setattr(plan_module.Plan, "_keep_host_output", wrong)
+    forwards = _counted(tiny)
+    plan = _calibrate(tiny, LENIENT, cache, FakeForm("good"))
+    (check,) = plan.report().whole_model
+    assert check.passed and not check.from_cache and check.forwards == 3  # the replay's pass, then host and routed
+    assert len(forwards) == 4 and all(v.form == "good" for v in plan.chooser.verdicts.values())
+    plan.detach()
+
+
+def test_a_replay_takes_back_what_the_remembered_check_took_back(tmp_path):
+    cache = tmp_path / "timings.json"
+    never = dataclasses.replace(LENIENT, name="never-faster", min_whole_ratio=1e9, whole_rounds=1)
+    tiny = _wan(2)
+    first = _calibrate(tiny, never, cache, FakeForm("good"))
+    (check,) = first.report().whole_model
+    assert len(check.reverted) == 4 and not first.chooser.routed()
+    first.detach()
+    second = _calibrate(tiny, never, cache, FakeForm("good"))
+    (replayed,) = second.report().whole_model
+    assert replayed.from_cache and replayed.reverted == check.reverted and not second.chooser.routed()
+    assert all("remembered in the timing cache" in v.note for v in second.chooser.verdicts.values())
+    second.detach()
+
+
+def test_a_model_with_no_routes_needs_no_whole_model_check():
+    tiny = _wan(2)
+    forwards = _counted(tiny)
+    plan = _calibrate(tiny, LENIENT, False, FakeForm("broken", raises=True))
+    (check,) = plan.report().whole_model
+    assert check.passed and check.forwards == 0 and "no routes" in check.note
+    assert len(forwards) == 1
+    plan.detach()
+
+
+def test_flash_attn_4_keeps_its_compiled_kernels_in_ditgates_cache_folder_unless_told(tmp_path, monkeypatch):
+    import sys
+
+    from ditgate.forms.fa4 import FA4_CACHE_DIR, FA4_CACHE_SWITCH, use_fa4_disk_cache
+
+    monkeypatch.delitem(sys.modules, "flash_attn.cute", raising=False)
+    for var in (FA4_CACHE_SWITCH, FA4_CACHE_DIR, "DITGATE_FA4_DISK_CACHE"):
+        monkeypatch.setenv(var, "")  # recorded, so that what the function sets is undone after the test
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("DITGATE_CACHE_DIR", str(tmp_path))
+    assert use_fa4_disk_cache().startswith("on") and os.environ[FA4_CACHE_SWITCH] == "1"
+    assert os.environ[FA4_CACHE_DIR] == str(tmp_path / "fa4-kernels")
+    monkeypatch.setenv(FA4_CACHE_SWITCH, "0")  # the user's choice stands
+    assert use_fa4_disk_cache().startswith("off") and os.environ[FA4_CACHE_SWITCH] == "0"
+    monkeypatch.delenv(FA4_CACHE_SWITCH)
+    monkeypatch.setenv("DITGATE_FA4_DISK_CACHE", "0")
+    assert use_fa4_disk_cache().startswith("off") and FA4_CACHE_SWITCH not in os.environ
+    monkeypatch.delenv("DITGATE_FA4_DISK_CACHE")
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", object())  # imported before ditgate: too late to change
+    assert "imported flash_attn.cute before" in use_fa4_disk_cache() and FA4_CACHE_SWITCH not in os.environ

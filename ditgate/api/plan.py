@@ -43,6 +43,7 @@ from ..gate.chooser import CALIBRATING, LIVE
 from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linear_setting
 from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
+from ..gate.whole_memo import RememberedCheck, check_key
 from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_routed, model_output, plan_interception,
                      routed_processor)
 from ..hosts.parallel import parallel_records
@@ -101,6 +102,7 @@ class Plan:
         self._calibrated: set[str] = set()
         self._measured: set[str] = set()  # denoisers measured on a forward, their whole-model check still to run
         self._captured: dict[str, tuple[tuple, dict]] = {}
+        self._host_outputs: dict[str, torch.Tensor] = {}  # each calibrating forward's output: the host's
         self._checking = False
         self._detached = False
         self._progress_bar = progress  # None: a bar on a terminal, log lines elsewhere
@@ -179,7 +181,9 @@ class Plan:
                 self._start_progress(name, self._site_count(name))
                 self.chooser.mode = CALIBRATING
                 try:
-                    return run()
+                    output = run()
+                    self._keep_host_output(name, output)
+                    return output
                 finally:
                     self.chooser.mode = LIVE
                     self._end_progress()
@@ -191,6 +195,25 @@ class Plan:
 
             handles += [EagerForward(model, around), model.register_forward_hook(post, with_kwargs=True)]
             self._hooks += handles
+
+    def _keep_host_output(self, name: str, output: object) -> None:
+        """The calibrating forward's output (the host served every call of it): what a remembered whole-model check
+        compares its one routed pass with (``gate.whole_memo``). A copy: a pipeline may change its output in place."""
+        if name not in self._host_outputs:
+            out = model_output(output)
+            if isinstance(out, torch.Tensor):
+                self._host_outputs[name] = out.detach().clone()
+
+    def _remembered_check_key(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
+        """The timing cache's key of this denoiser's whole-model check, or None where none is remembered: no cache,
+        or a context-parallel model (its ranks must run the same forwards)."""
+        if self.chooser.book.cache is None or self.chooser.agreement.is_parallel(name):
+            return None
+        routes = [v for v in self.chooser.routed() if not name or v.site.startswith(self._prefix(name))]
+        setting = repr(self.context.sparse.setting) if self.context.sparse is not None else ""
+        if self.linear is not None:
+            setting += f"|{self.linear.setting!r}"
+        return check_key(model, args, kwargs, self.chooser.profile, setting, routes)
 
     def _read_layouts(self, name: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """The padding reader's layouts of a forward about to be measured: its pre-hook reads nothing inside a
@@ -220,13 +243,17 @@ class Plan:
         if captured is None:
             return
         args, kwargs = captured
+        key = self._remembered_check_key(name, model, args, kwargs)
         self._checking = True
         self.context.tally = False
         if self.context.sparse is not None:
             self.context.sparse.checking = True  # judge sparse routes as they run on sparse steps
         try:
             check = whole_model_check(name, self._prefix(name), lambda: model_output(model(*args, **kwargs)),
-                                      self.chooser, _device_of(model))
+                                      self.chooser, _device_of(model), self._host_outputs.pop(name, None),
+                                      self.chooser.book.remembered_check(key) if key else None)
+            if key and check.passed and check.forwards and not check.from_cache:
+                self.chooser.book.remember_check(key, RememberedCheck.of(check, now()))
         finally:
             self._checking = False
             self.context.tally = True
@@ -260,7 +287,12 @@ class Plan:
                 if not self._checking and name not in self._captured:
                     self._captured[name] = (args, kwargs)
 
+            def post(module, args, kwargs, output, name=name):
+                if not self._checking:
+                    self._keep_host_output(name, output)
+
             capture_handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+            capture_handles.append(model.register_forward_hook(post, with_kwargs=True))
         # a compiled denoiser runs its original code while it is measured, its whole-model check included
         def around(args, kwargs, run, name, model):
             self._read_layouts(name, model, args, kwargs)
@@ -358,6 +390,7 @@ class Plan:
         if self.linear is not None:
             self.linear.detach()
         self._captured.clear()
+        self._host_outputs.clear()
         self._detached = True
 
     @property

@@ -219,16 +219,21 @@ def _run_calibration(args) -> int:
                                               progress=lambda text: prog.update(task, description=text))
     title = f"ditgate bench calibration {preset.name} ({device.type}, {_dtype_name(dtype)})"
     table = Table(title=title)
-    for col in ("row", "seconds", "stock forwards", "sites", "timings made", "cache hits", "whole-check forwards"):
+    for col in ("row", "seconds", "stock forwards", "sites", "timings made", "cache hits", "whole-check forwards",
+                "attach s", "contests s", "whole check s"):
         table.add_column(col, justify="left" if col == "row" else "right")
     for r in runs:
         table.add_row(r.row, f"{r.seconds:.2f}", f"{r.forwards:.1f}", str(r.sites), str(r.timings), str(r.cache_hits),
-                      str(r.whole_forwards))
+                      f"{r.whole_forwards}{' (replayed)' if r.whole_from_cache else ''}", f"{r.attach_s:.2f}",
+                      f"{sum(r.contest_s.values()):.2f}", f"{r.whole_s:.2f}")
     console.print(table)
     for r in runs:
         if r.first_call_s:
             console.print(f"{r.row}: first calls (compiles, loads) " + ", ".join(
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.first_call_s.items(), key=lambda kv: -kv[1])))
+        if r.contest_s:
+            console.print(f"{r.row}: contests per form (first calls, accuracy, timing) " + ", ".join(
+                f"{form} {sec:.2f} s" for form, sec in sorted(r.contest_s.items(), key=lambda kv: -kv[1])))
     for comp in comparisons:
         differ = [s for s in comp["sites"] if s["per_site"] != s["shared"]]
         console.print(f"{comp['row']}: the per-site and the shared gate chose the same form at "

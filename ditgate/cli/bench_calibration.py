@@ -48,6 +48,12 @@ class CalibrationRun:
     whole_forwards: int
     routes: dict  # "site @ shape key" -> the form chosen, or "host"
     first_call_s: dict = dataclasses.field(default_factory=dict)  # form -> seconds its first calls took (compiles)
+    # where the seconds went: attach (form probes and imports), the contests per form (first calls, accuracy,
+    # timing), the whole-model check, and the rest of the calibrating forward (the host's own calls, hooks)
+    attach_s: float = 0.0
+    contest_s: dict = dataclasses.field(default_factory=dict)
+    whole_s: float = 0.0
+    whole_from_cache: bool = False
 
 
 def _sync(device: torch.device) -> None:
@@ -73,13 +79,15 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
     _sync(device)
     t0 = time.perf_counter()
     plan = attach(model, profile=profile, sparse=sparse, timing_cache=timing_cache, progress=False)
+    attach_s = time.perf_counter() - t0
     with torch.no_grad():
         model(**inputs)
     _sync(device)
     seconds = time.perf_counter() - t0
     book = plan.chooser.book
     routes = {f"{v.site} @ {v.shape_key}": v.form or "host" for v in plan.chooser.verdicts.values()}
-    whole = sum(w.forwards for w in plan.report().whole_model)
+    checks = plan.report().whole_model
+    whole = sum(w.forwards for w in checks)
     first: dict[str, float] = {}
     for v in plan.chooser.verdicts.values():
         for m in v.measured:
@@ -87,7 +95,8 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
                 first[m.form] = first.get(m.form, 0.0) + m.first_ms / 1e3
     plan.detach()
     return CalibrationRun(row, seconds, seconds * 1e3 / stock_ms, stock_ms, len(routes), book.timed, book.cache_hits,
-                          whole, routes, first)
+                          whole, routes, first, attach_s, {f: round(t, 3) for f, t in book.spent_s.items()},
+                          sum(w.seconds for w in checks), any(w.from_cache for w in checks))
 
 
 def _setting(budget: float | None, block: int) -> SparseSetting | None:

@@ -11,6 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..forms import describe_forms
+from ..forms.fa4 import use_fa4_disk_cache
+from ..gate.cache import default_cache_path
 from ..gate import environment
 from ..sparse.families import FAMILIES, FAMILIES_WITH_PADDING_MASKS
 
@@ -21,6 +23,7 @@ def doctor(as_json: bool = False) -> int:
     families = sorted(FAMILIES)  # the denoiser classes whose token layouts the sparse stage reads
     if as_json:
         print(json.dumps({"environment": env, "forms": [dataclasses.asdict(i) for i in infos],
+                          "timing_cache": str(default_cache_path()), "fa4_kernel_cache": use_fa4_disk_cache(),
                           "sparse_layouts": families, "padding_masks": sorted(FAMILIES_WITH_PADDING_MASKS)},
                          indent=2, default=str))
         return 0
@@ -41,6 +44,8 @@ def doctor(as_json: bool = False) -> int:
     console.print(table)
     n = sum(i.available for i in infos)
     console.print(f"{n} of {len(infos)} forms available here.")
+    console.print(f"Timing cache: {default_cache_path()}; flash-attn-4's compiled kernels kept on disk: "
+                  f"{escape(use_fa4_disk_cache())}.")
     console.print(f"Sparse stage layouts read for: {', '.join(families)}; any other class stays dense. Masks that "
                   f"hide only padding, served unmasked over the keys before it: "
                   f"{', '.join(sorted(FAMILIES_WITH_PADDING_MASKS))}.")

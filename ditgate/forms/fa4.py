@@ -8,13 +8,40 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 import re
+import sys
 
 import torch
 
+from ..cache_dir import cache_root
 from ..kernels.lists import KeyBlockLists
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, Precision
 from .ops import fa4_bhsd
+
+
+FA4_CACHE_SWITCH = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"  # flash-attn-4's own switches, read at its import
+FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+
+
+def use_fa4_disk_cache() -> str:
+    """Turn on flash-attn-4's disk cache of compiled kernels, in ditgate's cache folder, unless the user decided.
+
+    flash-attn-4 compiles each kernel configuration on its first call (seconds each: the largest part of a first
+    calibration) and by default keeps it in the process only, so every start of a server would pay it again. Its own
+    disk cache (off by default) makes a later process load what an earlier one compiled. It is read when
+    ``flash_attn.cute`` is first imported, so this runs before that; a variable the user set, or
+    ``DITGATE_FA4_DISK_CACHE=0``, is left alone. Returns what holds, for ``ditgate doctor``."""
+    if os.environ.get("DITGATE_FA4_DISK_CACHE", "1") == "0":
+        return "off (DITGATE_FA4_DISK_CACHE=0)"
+    if "flash_attn.cute" in sys.modules:
+        return f"as the process imported flash_attn.cute before ditgate ({FA4_CACHE_SWITCH}=" \
+               f"{os.environ.get(FA4_CACHE_SWITCH, '0')})"
+    os.environ.setdefault(FA4_CACHE_SWITCH, "1")
+    os.environ.setdefault(FA4_CACHE_DIR, str(cache_root() / "fa4-kernels"))
+    if os.environ[FA4_CACHE_SWITCH] != "1":
+        return f"off ({FA4_CACHE_SWITCH}={os.environ[FA4_CACHE_SWITCH]})"
+    return f"on, in {os.environ[FA4_CACHE_DIR]}"
 
 
 class FlashAttn4(Form):
@@ -43,6 +70,7 @@ class FlashAttn4(Form):
             version = None
         if not torch.cuda.is_available():
             return Availability(False, "no CUDA device", version)
+        use_fa4_disk_cache()
         try:
             from flash_attn.cute import flash_attn_func
         except Exception as exc:  # ImportError, or the CuTe DSL failing to load its libraries

@@ -47,6 +47,10 @@ class RankAgreement:
                 return (cp, group_of(model)) if cp is not None else None
         return None
 
+    def is_parallel(self, path: str) -> bool:
+        """Whether the denoiser of ``path`` runs under context parallelism (its ranks must take the same steps)."""
+        return self._parallel(path) is not None
+
     def verdict(self, site_path: str, verdict: Verdict) -> Verdict:
         """The verdict every rank takes for the site at ``site_path``, from the one this rank measured."""
         found = self._parallel(site_path)

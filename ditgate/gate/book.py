@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .cache import TimingCache
 from .timing import Timing
+from .whole_memo import RememberedCheck
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,24 @@ class TimingBook:
         self.environment = environment or {}
         self._entries: dict[TimingKey, BookTiming] = {}
         self._unsaved: dict[TimingKey, BookTiming] = {}
+        self._checks: dict[str, RememberedCheck] = {}  # whole-model checks this process passed, to be saved
         self._cached: dict[str, dict] | None = None
         self.timed = 0  # timings this book made itself (screening calls and paired runs), for progress and tests
         self.cache_hits = 0
+        self.spent_s: dict[str, float] = {}  # form -> seconds its contests took (first calls, accuracy, timing)
+
+    def _cached_entry(self, text: str) -> dict | None:
+        if self.cache is None:
+            return None
+        if self._cached is None:
+            self._cached = self.cache.load(self.environment)
+        return self._cached.get(text)
 
     def get(self, key: TimingKey) -> BookTiming | None:
         found = self._entries.get(key)
         if found is not None or self.cache is None:
             return found
-        if self._cached is None:
-            self._cached = self.cache.load(self.environment)
-        raw = self._cached.get(key.text())
+        raw = self._cached_entry(key.text())
         if raw is None:
             return None
         try:
@@ -105,12 +113,31 @@ class TimingBook:
         self._unsaved[key] = timing
         self.timed += 1
 
+    def spend(self, form: str, seconds: float) -> None:
+        self.spent_s[form] = self.spent_s.get(form, 0.0) + seconds
+
+    def remembered_check(self, key: str) -> RememberedCheck | None:
+        """A whole-model check another process passed under ``key`` (``whole_memo.check_key``), from the cache."""
+        raw = self._checks.get(key) or self._cached_entry(key)
+        if raw is None or isinstance(raw, RememberedCheck):
+            return raw
+        try:
+            return RememberedCheck.from_dict(raw)
+        except (TypeError, ValueError, KeyError):  # an entry of another shape: ignored like a miss
+            return None
+
+    def remember_check(self, key: str, check: RememberedCheck) -> None:
+        self._checks[key] = check
+
     def flush(self) -> None:
         """Write what this process measured to the cache (if any); a failure to write is logged by the cache."""
-        if self.cache is None or not self._unsaved:
+        if self.cache is None or not (self._unsaved or self._checks):
             return
-        self.cache.save(self.environment, {k.text(): t.to_dict() for k, t in self._unsaved.items()})
+        entries = {k.text(): t.to_dict() for k, t in self._unsaved.items()}
+        entries.update({k: c.to_dict() for k, c in self._checks.items()})
+        self.cache.save(self.environment, entries)
         self._unsaved.clear()
+        self._checks.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -21,18 +21,15 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..cache_dir import cache_root
+
 logger = logging.getLogger("ditgate.gate")
 
 CACHE_VERSION = 1
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get("DITGATE_CACHE_DIR")
-    if root:
-        base = Path(root)
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ditgate"
-    return base / f"timings-v{CACHE_VERSION}.json"
+    return cache_root() / f"timings-v{CACHE_VERSION}.json"
 
 
 def environment_key(environment: dict) -> str:

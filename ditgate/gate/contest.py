@@ -95,9 +95,18 @@ class _Contest:
         if timing is not None:  # what put it out stays in the verdict's measurements
             self.measured.append(_measurement(e, timing, self.accuracy.get(e.name)))
 
+    def _spent(self, e: Entrant, started: float) -> None:
+        self.book.spend(e.name, time.perf_counter() - started)
+
     def check_accuracy(self, e: Entrant) -> None:
         """One call on this site's input: the warm-up where nothing ran yet, and this site's accuracy sample."""
         started = time.perf_counter()
+        try:
+            self._check_accuracy(e, started)
+        finally:
+            self._spent(e, started)
+
+    def _check_accuracy(self, e: Entrant, started: float) -> None:
         try:
             out = e.run()
             if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs
@@ -123,6 +132,13 @@ class _Contest:
         return min(time_once(fn, self.device, reps) for _ in range(SCREEN_SAMPLES))
 
     def screen(self, e: Entrant) -> None:
+        started = time.perf_counter()
+        try:
+            self._screen(e)
+        finally:
+            self._spent(e, started)
+
+    def _screen(self, e: Entrant) -> None:
         if self._host_ms is None:
             self._host_ms = self._screen_ms(self.host)
         try:
@@ -133,6 +149,13 @@ class _Contest:
         self.book.put(e.key, BookTiming.screening(self._host_ms, form_ms, self.site, self.first_ms.get(e.name, 0.0)))
 
     def pair(self, e: Entrant) -> None:
+        started = time.perf_counter()
+        try:
+            self._pair(e)
+        finally:
+            self._spent(e, started)
+
+    def _pair(self, e: Entrant) -> None:
         try:
             mem = measure_memory(e.run, self.device, e.resident_bytes)
             timing = paired_timing(self.host, e.run, self.device, self.p.rounds)

@@ -8,11 +8,19 @@ noisy, so a whole that looks slower is timed again in paired, interleaved rounds
 taken back. If the whole is slower than the host or its output breaks the profile's floor, the routes
 with the smallest measured gain are taken back (half of the remaining routes per attempt, all of them
 on the last), each attempt one more routed pass, until it passes.
+
+A model whose sites all stayed on the host needs no check (no forward). Where a check that passed for the same
+model, inputs and routes is remembered in the timing cache (``whole_memo``), it is replayed: its take-backs are
+applied and one routed pass is compared with the host output of the calibrating forward; only a replay whose output
+misses the floors runs the full check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -21,6 +29,7 @@ from .accuracy import compare
 from .chooser import HOST_PASS, LIVE, ROUTED_PASS, GateChooser
 from .timing import paired_timing, time_once
 from .verdict import WholeModelCheck
+from .whole_memo import RememberedCheck
 
 logger = logging.getLogger("ditgate.gate")
 
@@ -28,7 +37,24 @@ MAX_ATTEMPTS = 3
 
 
 def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor], chooser: GateChooser,
-                      device: torch.device) -> WholeModelCheck:
+                      device: torch.device, host_out: torch.Tensor | None = None,
+                      remembered: RememberedCheck | None = None) -> WholeModelCheck:
+    """``host_out``: the host's output for these inputs where the caller has it (the calibrating forward's), which a
+    replay of ``remembered`` compares with. Returns the check; its ``why`` of a take-back is in ``note``."""
+    started = time.perf_counter()
+    check = _check(name, prefix, forward, chooser, device, host_out, remembered)
+    check = dataclasses.replace(check, seconds=time.perf_counter() - started)
+    logger.info("ditgate gate: whole-model check %s: %.3fx, cosine %.6f, %s (%d forwards, %.1f s)", name or "model",
+                check.ratio, check.cosine, check.note, check.forwards, check.seconds)
+    return check
+
+
+def _floors_ok(p, acc) -> bool:
+    return acc.finite and acc.cosine >= p.min_output_cosine and (
+        p.min_output_psnr is None or acc.psnr_db >= p.min_output_psnr)
+
+
+def _check(name, prefix, forward, chooser, device, host_out, remembered) -> WholeModelCheck:
     p = chooser.profile
     forwards = 0
     # the ranks of a context-parallel model take each branch together: a forward on one rank only would hang them
@@ -52,7 +78,17 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
     reverted: list[str] = []
     attempts = 0
     why = ""
+    if not mine():
+        return WholeModelCheck(name, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, math.inf, True, 0, (),
+                               "no routes: the host serves every site", 0)
     try:
+        by_name = {f"{v.site} @ {v.shape_key}": v for v in mine()}
+        if remembered is not None and host_out is not None and all(r in by_name for r in remembered.reverted):
+            replayed = _replay(name, by_name, remembered, chooser, host_out, lambda: run(ROUTED_PASS), agree)
+            if replayed is not None:
+                return replayed
+            reverted = list(remembered.reverted)
+            why = remembered.why
         host_out, host_ms = timed(HOST_PASS)
         while True:
             attempts += 1
@@ -62,8 +98,7 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
             ratio = lo = hi = host_ms / max(routed_ms, 1e-9)
             h_ms, r_ms = host_ms, routed_ms
             routes = mine()
-            floors_ok = acc.finite and acc.cosine >= p.min_output_cosine and (
-                p.min_output_psnr is None or acc.psnr_db >= p.min_output_psnr)
+            floors_ok = _floors_ok(p, acc)
             # one pair is noisy: confirm before reverting (on every rank of a context-parallel model, if on any)
             if any(agree(name, floors_ok and bool(routes) and ratio < p.min_whole_ratio)):
                 timing = paired_timing(lambda: run(HOST_PASS), lambda: run(ROUTED_PASS), device, p.whole_rounds,
@@ -76,7 +111,7 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
                     note = (f"every route reverted ({why})" if reverted
                             else "no routes: the host serves every site")
                 else:
-                    note = f"passed after reverting {len(reverted)} route(s)" if reverted else "passed"
+                    note = f"passed after reverting {len(reverted)} route(s): {why}" if reverted else "passed"
                 break
             why = (f"whole model {ratio:.3f}x, output cosine {acc.cosine:.6f} "
                    f"(floor {p.min_output_cosine}), PSNR {acc.psnr_db:.1f} dB")
@@ -88,8 +123,24 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
             logger.info("ditgate gate: %s: %s; reverted %d route(s)", name, why, len(take))
     finally:
         chooser.mode = LIVE
-    result = WholeModelCheck(name, h_ms, r_ms, ratio, lo, hi, acc.cosine, acc.psnr_db, passed, attempts,
-                             tuple(reverted), note, forwards)
-    logger.info("ditgate gate: whole-model check %s: %.3fx, cosine %.6f, %s (%d forwards)", name or "model",
-                result.ratio, result.cosine, note, forwards)
-    return result
+    return WholeModelCheck(name, h_ms, r_ms, ratio, lo, hi, acc.cosine, acc.psnr_db, passed, attempts,
+                           tuple(reverted), note, forwards)
+
+
+def _replay(name, routes: dict, remembered: RememberedCheck, chooser: GateChooser, host_out: torch.Tensor,
+            routed_pass: Callable[[], torch.Tensor], agree) -> WholeModelCheck | None:
+    """The remembered check's take-backs (``routes``: "site @ shape_key" -> verdict), then one routed pass against
+    ``host_out``; None (the full check follows, from the routes left) when its output misses the profile's floors."""
+    for r in remembered.reverted:
+        chooser.revert(routes[r], f"reverted by the whole-model check (remembered in the timing cache, measured "
+                                   f"{remembered.measured}): {remembered.why}")
+    acc = compare(routed_pass(), host_out)
+    if not all(agree(name, _floors_ok(chooser.profile, acc))):
+        logger.info("ditgate gate: %s: the remembered whole-model check's output missed the floors here (cosine "
+                    "%.6f): checking in full", name or "model", acc.cosine)
+        return None
+    r = remembered
+    note = (f"passed: timing remembered in the timing cache (measured {r.measured}), output checked here"
+            + (f"; {len(r.reverted)} route(s) taken back as then ({r.why})" if r.reverted else ""))
+    return WholeModelCheck(name, r.host_ms, r.routed_ms, r.ratio, r.ratio_min, r.ratio_max, acc.cosine, acc.psnr_db,
+                           True, 1, r.reverted, note, 1, from_cache=True)
