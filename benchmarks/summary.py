@@ -56,7 +56,8 @@ def lists(data: dict) -> list[str]:
 def calibration(data: dict) -> list[str]:
     lines = [f"  {r['row']:<36} {r['seconds']:7.1f} s {r['forwards']:6.1f} forwards, {r['timings']} timings, "
              f"{r['cache_hits']} cache hits; attach {r.get('attach_s', 0):.1f} s, contests "
-             f"{sum(r.get('contest_s', {}).values()):.1f} s, whole check {r.get('whole_s', 0):.1f} s"
+             f"{sum(r.get('contest_s', {}).values()):.1f} s of measuring {r.get('measure_s', 0):.1f} s, probes "
+             f"{sum(r.get('probe_s', {}).values()):.1f} s, whole check {r.get('whole_s', 0):.1f} s"
              + (" (replayed)" if r.get("whole_from_cache") else "") for r in data["runs"]]
     for comp in data.get("comparisons", ()):
         same = sum(s["per_site"] == s["shared"] for s in comp["sites"])

@@ -353,3 +353,43 @@ def test_flash_attn_4_keeps_its_compiled_kernels_in_ditgates_cache_folder_unless
     monkeypatch.delenv("DITGATE_FA4_DISK_CACHE")
     monkeypatch.setitem(sys.modules, "flash_attn.cute", object())  # imported before ditgate: too late to change
     assert "imported flash_attn.cute before" in use_fa4_disk_cache() and FA4_CACHE_SWITCH not in os.environ
+
+
+def test_the_remembered_checks_key_is_the_same_in_another_process():
+    import subprocess
+    import sys
+
+    code = ("import dataclasses, ditgate; from tests.helpers import Tiny; from ditgate.models.presets import get_preset;"
+            "from ditgate.gate.whole_memo import check_key; t = Tiny(get_preset('tiny-wan'));"
+            "print(check_key(t.model, (), t.inputs, ditgate.PROFILES['speed'], '', []))")
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
+    assert len(keys) == 1 and keys.pop().startswith("whole|")  # diffusers' config holds a set turned into a list
+
+
+class Probed(FakeForm):
+    def __init__(self, name: str, **kw) -> None:
+        super().__init__(name, **kw)
+        self.probes = 0
+
+    def _probe(self):
+        self.probes += 1
+        return super()._probe()
+
+
+def test_a_form_its_cached_timing_refuses_is_never_probed_in_the_next_process(tmp_path):
+    cache = tmp_path / "timings.json"
+    half = dataclasses.replace(LENIENT, name="half", min_speedup=0.5)
+    tiny = _wan(2)
+    forms = [Probed("good"), Probed("slow", delay_s=0.02)]
+    first = ditgate.attach(tiny.model, profile=half, forms=["good", "slow"], extra_forms=forms, timing_cache=cache)
+    tiny.forward()
+    assert forms[1].probes == 1 and all(v.form == "good" for v in first.chooser.verdicts.values())
+    first.detach()
+    again = [Probed("good"), Probed("slow", delay_s=0.02)]
+    second = ditgate.attach(tiny.model, profile=half, forms=["good", "slow"], extra_forms=again, timing_cache=cache)
+    tiny.forward()
+    assert again[0].probes == 1 and again[1].probes == 0 and again[1].calls == 0  # refused from its cached timing
+    for v in second.chooser.verdicts.values():
+        assert v.form == "good" and any(r.form == "slow" and r.kind == "slower" for r in v.refusals), v.refusals
+    second.detach()

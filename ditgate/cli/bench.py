@@ -121,12 +121,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _beside(stem: Path, ext: str) -> Path:
+    """``stem`` + ``ext``: a preset's name has dots (wan-1.3b-...) that ``Path.with_suffix`` would cut."""
+    return stem.parent / (stem.name + ext)
+
+
 def _emit(console: Console, title: str, stem: Path, rows, extra: dict) -> None:
     """Table in the terminal, JSON (command line, environment, every row) and PNG next to each other."""
     print_table(console, title, rows)
     command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    json_path = write_json(stem.with_suffix(".json"), command, rows, extra)
-    png = write_plot(stem.with_suffix(".png"), title, rows)
+    json_path = write_json(_beside(stem, ".json"), command, rows, extra)
+    png = write_plot(_beside(stem, ".png"), title, rows)
     console.print(f"JSON: {json_path}" + (f"  PNG: {png}" if png else ""))
 
 
@@ -231,6 +236,9 @@ def _run_calibration(args) -> int:
         if r.first_call_s:
             console.print(f"{r.row}: first calls (compiles, loads) " + ", ".join(
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.first_call_s.items(), key=lambda kv: -kv[1])))
+        if r.probe_s:
+            console.print(f"{r.row}: measuring {r.measure_s:.2f} s; availability probes (imports) " + ", ".join(
+                f"{form} {sec:.2f} s" for form, sec in sorted(r.probe_s.items(), key=lambda kv: -kv[1])))
         if r.contest_s:
             console.print(f"{r.row}: contests per form (first calls, accuracy, timing) " + ", ".join(
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.contest_s.items(), key=lambda kv: -kv[1])))
@@ -242,10 +250,10 @@ def _run_calibration(args) -> int:
             console.print(f"  differs: {s['site']}: per-site {s['per_site']}, shared {s['shared']}")
     stem = out / f"bench-calibration-{preset.name}"
     command = "ditgate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    stem.with_suffix(".json").write_text(json.dumps(
+    _beside(stem, ".json").write_text(json.dumps(
         {"command": command, "runs": [dataclasses.asdict(r) for r in runs], "comparisons": comparisons}, indent=1))
-    png = write_plot(stem.with_suffix(".png"), title, runs)
-    console.print(f"JSON: {stem.with_suffix('.json')}" + (f"  PNG: {png}" if png else ""))
+    png = write_plot(_beside(stem, ".png"), title, runs)
+    console.print(f"JSON: {_beside(stem, '.json')}" + (f"  PNG: {png}" if png else ""))
     return 0
 
 

@@ -54,6 +54,8 @@ class CalibrationRun:
     contest_s: dict = dataclasses.field(default_factory=dict)
     whole_s: float = 0.0
     whole_from_cache: bool = False
+    measure_s: float = 0.0  # all of the gate's measuring in the calibrating forward (the contests, and what's around)
+    probe_s: dict = dataclasses.field(default_factory=dict)  # form -> its availability probe (imports)
 
 
 def _sync(device: torch.device) -> None:
@@ -96,7 +98,8 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
     plan.detach()
     return CalibrationRun(row, seconds, seconds * 1e3 / stock_ms, stock_ms, len(routes), book.timed, book.cache_hits,
                           whole, routes, first, attach_s, {f: round(t, 3) for f, t in book.spent_s.items()},
-                          sum(w.seconds for w in checks), any(w.from_cache for w in checks))
+                          sum(w.seconds for w in checks), any(w.from_cache for w in checks), plan.chooser.spent_s,
+                          {n: round(f.probe_s, 3) for n, f in plan.forms.items() if f.probe_s > 0.005})
 
 
 def _setting(budget: float | None, block: int) -> SparseSetting | None:

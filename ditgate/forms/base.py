@@ -9,6 +9,7 @@ fmha ops: capabilities are data, the check is generic, and a form adds only what
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -229,6 +230,7 @@ class Probed:
 
     def __init__(self) -> None:
         self._availability: Availability | None = None
+        self.probe_s = 0.0  # what the probe took (imports: flash-attn-4's CuTe DSL takes seconds)
 
     @property
     def name(self) -> str:
@@ -240,10 +242,12 @@ class Probed:
 
     def availability(self) -> Availability:
         if self._availability is None:
+            started = time.perf_counter()
             try:
                 self._availability = self._probe()
             except Exception as exc:  # a probe must never take the process down
                 self._availability = Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
+            self.probe_s = time.perf_counter() - started
         return self._availability
 
     def _probe(self) -> Availability:
@@ -260,10 +264,13 @@ class Form(Probed):
 
     spec: FormSpec
 
-    def not_supported_reasons(self, call: AttentionCall) -> list[str]:
-        avail = self.availability()
-        if not avail.available:
-            return [f"unavailable: {avail.reason}"]
+    def not_supported_reasons(self, call: AttentionCall, probe: bool = True) -> list[str]:
+        """Why this form cannot serve ``call``; ``probe=False``: the declared envelope only, without the availability
+        probe (its imports), for a gate that may learn from known timings that it need not run the form at all."""
+        if probe:
+            avail = self.availability()
+            if not avail.available:
+                return [f"unavailable: {avail.reason}"]
         return spec_reasons(self.spec, call) + self.extra_reasons(call)
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:

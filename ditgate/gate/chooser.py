@@ -177,7 +177,8 @@ class GateChooser:
             if dense:
                 refusals.append(Refusal(name, UNSUPPORTED, dense))
                 continue
-            reasons = site.usable(name, form_call)
+            # availability (imports) only for a form that is to run, or to say why it cannot (unavailable first)
+            reasons = site.usable(name, form_call, probe=False) and site.usable(name, form_call)
             if reasons:
                 kind = UNAVAILABLE if reasons[0].startswith("unavailable") else UNSUPPORTED
                 refusals.append(Refusal(name, kind, "; ".join(reasons)))
@@ -190,7 +191,8 @@ class GateChooser:
                 def run(form=form):
                     return form.run(inputs)
             key = TimingKey(name, call.shape_key, self._variant(site, form, call, form_call))
-            entrants.append(Entrant(name, form.precision.value, key, run, to_host, form.resident_bytes))
+            entrants.append(Entrant(name, form.precision.value, key, run, to_host, form.resident_bytes,
+                                    ready=lambda name=name, c=form_call: "; ".join(site.usable(name, c))))
         book = self.book if self.profile.share_timing else TimingBook()
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book,
                          inputs.query.device)

@@ -33,7 +33,8 @@ from .book import BookTiming, TimingBook, TimingKey
 from .memory import measure_memory
 from .profiles import Profile
 from .timing import paired_timing, reps_for, sync, time_once
-from .verdict import LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, Measurement, Refusal
+from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement,
+                      Refusal)
 
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
 SCREEN_SAMPLES = 2
@@ -49,6 +50,9 @@ class Entrant:
     run: Callable[[], torch.Tensor]  # one call on the live input, in the form's own layout
     to_host: Callable[[torch.Tensor], torch.Tensor]  # that output as the host's would be
     resident_bytes: Callable[[], int]
+    # why it cannot run after all ("" when it can): the availability probe (its imports), deferred to the first time
+    # this contest would run it, so that a form a known timing refuses is never imported
+    ready: Callable[[], str] = lambda: ""
 
 
 @dataclass(frozen=True)
@@ -102,11 +106,16 @@ class _Contest:
         """One call on this site's input: the warm-up where nothing ran yet, and this site's accuracy sample."""
         started = time.perf_counter()
         try:
-            self._check_accuracy(e, started)
+            self._check_accuracy(e)
         finally:
             self._spent(e, started)
 
-    def _check_accuracy(self, e: Entrant, started: float) -> None:
+    def _check_accuracy(self, e: Entrant) -> None:
+        why = e.ready()
+        if why:
+            self.refuse(e, UNAVAILABLE if why.startswith("unavailable") else UNSUPPORTED, why)
+            return
+        started = time.perf_counter()  # what its first call costs, not its probe
         try:
             out = e.run()
             if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs

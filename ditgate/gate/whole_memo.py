@@ -76,9 +76,12 @@ def check_key(model: torch.nn.Module, args: tuple, kwargs: dict, profile: Profil
     """The cache key of one whole-model check: the model's class and config, the forward's argument shapes, the
     profile, the sparse setting and the routes it starts from (site, shape key, form)."""
     config = getattr(model, "config", None)
+    # diffusers' private keys are bookkeeping, and one of them (``_use_default_values``) is a set turned into a list:
+    # its order changes from one process to the next
+    public = {k: v for k, v in dict(config).items() if not str(k).startswith("_")} if config is not None else None
     body = {
         "model": type(model).__name__,
-        "config": dict(config) if config is not None else None,
+        "config": public,
         "args": _signature(list(args)),
         "kwargs": _signature(kwargs),
         "profile": profile.to_dict(),

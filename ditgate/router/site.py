@@ -107,17 +107,18 @@ class SiteRouter:
         self.resolved = 0  # routes resolved (cache misses): what a test of the hot path counts
 
     # --- what the chooser and the gate use -------------------------------------------------------
-    def reasons(self, form: Form, call: AttentionCall) -> tuple[str, ...]:
-        key = (form.name, call.shape_key)
+    def reasons(self, form: Form, call: AttentionCall, probe: bool = True) -> tuple[str, ...]:
+        key = (form.name, call.shape_key, probe)
         if key not in self._reasons:
-            self._reasons[key] = tuple(form.not_supported_reasons(call))
+            self._reasons[key] = tuple(form.not_supported_reasons(call, probe))
         return self._reasons[key]
 
-    def usable(self, form_name: str, call: AttentionCall) -> tuple[str, ...]:
-        """Reasons the named form cannot serve this call at this site (empty when it can)."""
+    def usable(self, form_name: str, call: AttentionCall, probe: bool = True) -> tuple[str, ...]:
+        """Reasons the named form cannot serve this call at this site (empty when it can); ``probe=False``: its
+        declared envelope only (``Form.not_supported_reasons``)."""
         if form_name in self.ledger.disabled:
             return (self.ledger.disabled[form_name],)
-        return self.reasons(self.context.forms[form_name], call)
+        return self.reasons(self.context.forms[form_name], call, probe)
 
     def disable(self, form_name: str, reason: str) -> None:
         """Keep ``form_name`` off this site from now on, with the reason (routes resolved before are dropped)."""
