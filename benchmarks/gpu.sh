@@ -45,6 +45,7 @@ CALIBRATION=${CALIBRATION:-"wan-1.3b-480p-81f"}
 PER_SITE=${PER_SITE:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8"}
 COMPILED=${COMPILED:-"wan-1.3b-480p-81f flux-dev-1024"}
 COMPILED_ARGS=${COMPILED_ARGS:-"--profiles quality speed --linear --compile default"}
+CALIBRATION_ARGS=${CALIBRATION_ARGS:-"--profiles quality speed --sparse 0.3"}
 MODELS=${MODELS:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8 flux-dev-1024:8"}
 EACH=${EACH:-180}
 SPARSE_MODELS=${SPARSE_MODELS:-"ltx-2b-1216x704x257"}  # wan-14b-480p-81f takes about 7 minutes alone
@@ -159,7 +160,7 @@ stage_calibration() {  # the gate's cost on full models; the per-site gate besid
         preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
         echo "== $preset${blocks:+, $blocks blocks}: quality, speed, speed with sparse 0.3; a second process"
         timeout "$EACH" python3 -m ditgate.cli.main bench calibration --preset "$preset" ${blocks:+--layers "$blocks"} \
-            --profiles quality speed --sparse 0.3 --second-process --out "$dir" 2>&1 | quiet | tail -16
+            $CALIBRATION_ARGS --second-process --out "$dir" 2>&1 | quiet | tail -16
     done
     for item in $PER_SITE; do
         preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""

@@ -393,3 +393,38 @@ def test_a_form_its_cached_timing_refuses_is_never_probed_in_the_next_process(tm
     for v in second.chooser.verdicts.values():
         assert v.form == "good" and any(r.form == "slow" and r.kind == "slower" for r in v.refusals), v.refusals
     second.detach()
+
+
+def test_later_sites_run_only_the_fastest_paired_form_of_each_precision():
+    tiny = _wan(4)
+    wide = dataclasses.replace(LENIENT, name="wide", screen_margin=1e6)  # every form stays within reach
+    fast, slow = PerSite("fast", tiny.model), PerSite("slow", tiny.model)
+    slow.delay_s = 0.004
+    plan = ditgate.attach(tiny.model, profile=wide, forms=["fast", "slow"], extra_forms=[fast, slow],
+                          timing_cache=False)
+    tiny.forward()
+    for key, vs in _by_key(plan).items():
+        first = vs[0].chosen.timed_at
+        for v in vs:
+            assert v.form == "fast", v.summary
+            if v.site != first:  # its key's timings are paired: the slower form waits behind the faster one
+                assert slow.per_site.get(v.site, 0) == 0, (v.site, slow.per_site)
+                (r,) = [r for r in v.refusals if r.form == "slow"]
+                assert r.kind == "outranked" and "behind fast" in r.detail and "not run here" in r.detail
+    plan.detach()
+
+
+def test_a_form_behind_one_that_fails_here_is_run_and_chosen():
+    tiny = _wan(3)
+    wide = dataclasses.replace(LENIENT, name="wide", screen_margin=1e6)
+    flaky, steady = FakeForm("flaky"), FakeForm("steady", delay_s=0.004)
+    blocks = [m for m in tiny.model.modules() if callable(getattr(m, "processor", None))]
+    for i, block in enumerate(blocks):  # at the last site alone, flaky is wrong
+        block.register_forward_pre_hook(lambda m, a, last=i == len(blocks) - 1: setattr(flaky, "noise", 0.5 * last))
+    plan = ditgate.attach(tiny.model, profile=wide, forms=["flaky", "steady"], extra_forms=[flaky, steady],
+                          timing_cache=False)
+    tiny.forward()
+    verdicts = list(plan.chooser.verdicts.values())
+    wrong = [v for v in verdicts if any(r.form == "flaky" and r.kind == "less accurate" for r in v.refusals)]
+    assert wrong and all(v.form == "steady" for v in wrong)
+    plan.detach()

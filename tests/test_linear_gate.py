@@ -42,7 +42,10 @@ def test_speed_is_timed_once_per_form_and_shape_key_and_accuracy_at_every_site()
         for m in v.measured:
             timed_at[(m.form, v.shape_key)].add((m.timed_at, m.ratio, m.host_ms, m.form_ms))
             sites_per_key[(m.form, v.shape_key)].add(v.site)
-            assert m.cosine == m.cosine and m.rel_l2 > 0  # this site's own accuracy, measured here
+            if m.cosine != m.cosine:  # not run here: behind a faster form of its precision that passed here
+                assert any(r.form == m.form and "not run here" in r.detail for r in v.refusals), v.refusals
+            else:
+                assert m.rel_l2 > 0  # this site's own accuracy, measured here
     assert all(len(t) == 1 for t in timed_at.values())  # one timing per (form, key), whatever site reads it
     assert max(len(s) for s in sites_per_key.values()) >= 8  # and many sites read it
     linear_keys = [k for k in plan.chooser.book._entries if k.shape_key.startswith("M")]

@@ -10,7 +10,9 @@ times for one answer, 130 to 230 forwards of calibration. Here the work a site d
 3. The *top* entrants, those within ``screen_margin`` of the best known ratio, are the only ones whose accuracy is
    checked at this site (one call each) and that get paired rounds (once per key, in the book). One that fails its
    floor here leaves the top, and the next one in reach enters it; the loop ends when every top entrant has a
-   paired timing and passed here.
+   paired timing and passed here. Where two top entrants of one precision both have paired timings (a later site
+   of a key, or a second process reading the cache), the slower waits behind the faster: it is not run here unless
+   the faster fails this site's floors (paired ratios order forms reliably; the pick below could not take it).
 4. The verdict picks among the top as before: the fastest exact form, a bounded one only if it beats that by the
    speed threshold too. The rest are refused as outranked, with the timing that put them out and where it was taken.
 
@@ -201,7 +203,7 @@ class _Contest:
         best = max((t.ratio for t in known.values() if t is not None), default=0.0)
         top = self.top(known, best)
         for e in top:
-            if e.name not in self.accuracy:
+            if e.name not in self.accuracy and self._leader(e, known, top) is None:
                 self.check_accuracy(e)
                 return True
         if self.margin != math.inf:
@@ -216,6 +218,18 @@ class _Contest:
                 return True
         return False
 
+    @staticmethod
+    def _leader(e: Entrant, known: dict[str, BookTiming | None], top: list[Entrant]) -> Entrant | None:
+        """The entrant of ``e``'s precision with a higher paired ratio than ``e``'s, where both have one (None
+        otherwise). Paired ratios order forms reliably, so ``e`` is not run here while its leader is live: if the
+        leader passes this site's floors ``e`` cannot be picked; if it fails, it leaves and ``e`` may lead."""
+        t = known[e.name]
+        if t is None or t.screened:
+            return None
+        ahead = [o for o in top if o is not e and o.precision == e.precision and known[o.name] is not None
+                 and not known[o.name].screened and known[o.name].ratio > t.ratio]
+        return max(ahead, key=lambda o: known[o.name].ratio, default=None)
+
     def top(self, known: dict[str, BookTiming | None], best: float) -> list[Entrant]:
         return [e for e in self.live if known[e.name] is None or known[e.name].ratio * self.margin >= best]
 
@@ -223,15 +237,22 @@ class _Contest:
         known = {e.name: self.book.get(e.key) for e in self.live}
         best = max((t.ratio for t in known.values() if t is not None), default=0.0)
         top = self.top(known, best)
+        led = [e for e in top if e.name not in self.accuracy]  # behind a faster form of their precision: not run
+        top = [e for e in top if e.name in self.accuracy]
         winners = [_measurement(e, known[e.name], self.accuracy[e.name]) for e in top]
         chosen = pick(winners, self.p.min_speedup)
+        for e in led:
+            lead = self._leader(e, known, top + [e])
+            ahead = f", behind {lead.name} at {known[lead.name].ratio:.3f}x, which passed here" if lead else ""
+            self.measured.append(_measurement(e, known[e.name], None))
+            self.refusals.append(Refusal(e.name, OUTRANKED, f"{known[e.name].ratio:.3f}x{ahead}; not run here"))
         for m in winners:
             if m is not chosen:
                 self.refusals.append(Refusal(m.form, OUTRANKED, f"passed at {m.ratio:.3f}x but {chosen.form} "
                                                                 f"({chosen.precision}) at {chosen.ratio:.3f}x was chosen"))
         measured = self.measured + winners
         for e in self.live:
-            if e in top:
+            if e in top or e in led:
                 continue
             t = known[e.name]
             m = _measurement(e, t, self.accuracy.get(e.name))
