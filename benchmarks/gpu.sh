@@ -24,7 +24,7 @@
 #             from the model classes, per preset in $SPARSE_MODELS
 #   calibration  ditgate bench calibration: seconds and stock forwards per profile, the timing cache's second
 #             process, per "preset:blocks" in $CALIBRATION (and the per-site gate beside it for $PER_SITE)
-#   compiled  ditgate bench model with linear forms and torch.compile rows, per "preset:blocks" in $COMPILED
+#   compiled  ditgate bench model with linear forms and torch.compile rows, per "preset:blocks" in $COMPILED, $ROUNDS rounds
 #             ($COMPILED_ARGS replaces the rows asked for, e.g. "--profiles speed --compile default reduce-overhead")
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
@@ -178,7 +178,7 @@ stage_compiled() {  # eager and compiled rows, with and without linear forms
         preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
         echo "== $preset${blocks:+, $blocks blocks}"
         timeout "$EACH" python3 -m ditgate.cli.main bench model --preset "$preset" ${blocks:+--layers "$blocks"} \
-            --backends native $COMPILED_ARGS --rounds 3 \
+            --backends native $COMPILED_ARGS --rounds ${ROUNDS:-3} \
             --out "$dir" 2>&1 \
             | quiet | tee "$dir/$preset.log" | tail -24
     done

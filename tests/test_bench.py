@@ -139,6 +139,15 @@ def test_gpu_busy_merges_overlapping_activities_and_says_why_it_cannot_measure()
     assert measure_gpu_busy(lambda: None, torch.device("cpu")) == "needs a CUDA device"
 
 
+def test_kernel_totals_sum_per_name_longest_first():
+    from ditgate.cli.gpu_busy import GpuBusy, kernel_totals
+
+    totals = kernel_totals([("gemm", 1500.0), ("norm", 200.0), ("gemm", 500.0), ("quant", 900.0)])
+    assert totals == (("gemm", 2.0, 2), ("quant", 0.9, 1), ("norm", 0.2, 1))
+    text = GpuBusy(3.0, 3.0, 4, totals).kernels_text(top=2)
+    assert text.startswith("kernels: gemm 2.00 ms x2, quant 0.90 ms x1") and "norm" not in text
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_busy_sees_a_wait_for_the_host():
@@ -157,6 +166,7 @@ def test_gpu_busy_sees_a_wait_for_the_host():
     busy = measure_gpu_busy(two_products_apart, torch.device("cuda"))
     assert isinstance(busy, GpuBusy) and busy.activities >= 2
     assert busy.idle_ms > 15 and busy.fraction < 0.9
+    assert sum(n for _, _, n in busy.kernels) >= 2 and busy.kernels[0][1] > 0
 
 
 def test_every_preset_says_how_many_video_tokens_its_layout_has():

@@ -194,12 +194,15 @@ def _run_model(args) -> int:
 
             rows += bench_compiled(preset, model, device, dtype, rows_wanted, args.rounds, args.steps,
                                    tuple(args.compile) or ("default",), reference_output(preset, model, device, dtype),
-                                   progress=lambda text: prog.update(task, description=text))
+                                   progress=lambda text: prog.update(task, description=text), gpu_busy=args.gpu_busy)
     _emit(console, f"ditgate bench model {preset.name} ({device.type}, {_dtype_name(dtype)})",
           out / f"bench-model-{preset.name}", rows, {"preset": preset.name, **extra})
     for r in rows:  # what served how many sites, and how busy the GPU was: past the table's rounds count
         if ";" in r.detail:
             console.print(f"{r.name}: {r.detail.split('; ', 1)[1]}")
+        if r.kernels:
+            console.print(f"{r.name}: kernels of one pass, longest first: " + ", ".join(
+                f"{name[:70]} {ms:.2f} ms x{n}" for name, ms, n in r.kernels[:10]), markup=False)
     return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")
 
 

@@ -29,7 +29,8 @@ import torch
 from ..gate import compare
 from ..hosts import model_output
 from ..models.presets import ModelPreset
-from .bench_model import DitgateRow, _sync, _timed_forward, failed, interleaved, record
+from .bench_model import (DitgateRow, _sync, _timed_forward, busy_kernels, busy_text, failed, interleaved,
+                          profile_pass, record)
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -47,6 +48,7 @@ class _Compiled:
     samples: list[float] = field(default_factory=list)
     peaks: list = field(default_factory=list)
     output: torch.Tensor | None = None
+    busy: object = None  # --gpu-busy: the profiled pass (GpuBusy) or why there is none
 
 
 def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, calib_inputs: dict,
@@ -70,8 +72,9 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
 
 def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                    rows: Sequence[DitgateRow], rounds: int, steps: int = 1, modes: Sequence[str] = ("default",),
-                   reference: torch.Tensor | None = None, progress=None) -> list[BenchRow]:
-    """The compiled rows (see the module docstring); ``reference``: the eager stock output on round 0's inputs."""
+                   reference: torch.Tensor | None = None, progress=None, gpu_busy: bool = False) -> list[BenchRow]:
+    """The compiled rows (see the module docstring); ``reference``: the eager stock output on round 0's inputs;
+    ``gpu_busy``: one more pass per row after the last round, under the profiler (not timed)."""
     calib_inputs = preset.inputs(model, device, dtype, seed=1000)
     configs: list[_Compiled] = []
     for mode in modes:
@@ -87,6 +90,8 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
                 if r == 0:  # compiles: reported apart
                     cfg.cold_ms, _, _ = _timed_forward(cfg.forward, inputs, device, 1)
                 ms, peak, out = _timed_forward(cfg.forward, inputs, device, steps)
+                if gpu_busy and r == rounds - 1:
+                    cfg.busy = profile_pass(cfg.forward, inputs, device)
             except Exception as exc:
                 failed(cfg, exc)
                 continue
@@ -111,7 +116,8 @@ def _rows(preset: ModelPreset, configs: list[_Compiled], reference: torch.Tensor
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
                              detail=f"{len(cfg.samples)} rounds; cold = compile + first call"
-                                    + (f"; {cfg.detail}" if cfg.detail else "")))
+                                    + (f"; {cfg.detail}" if cfg.detail else "") + busy_text(cfg.busy),
+                             kernels=busy_kernels(cfg.busy)))
     return rows
 
 

@@ -263,7 +263,7 @@ def _weights_text(cfg: _Config, stock: _Config | None) -> str:
     return f"; weights {size}{ratio}"
 
 
-def _busy(model, inputs: dict, device: torch.device) -> GpuBusy | str:
+def profile_pass(model, inputs: dict, device: torch.device) -> GpuBusy | str:
     def forward():
         with torch.no_grad():
             model(**inputs)
@@ -274,10 +274,15 @@ def _busy(model, inputs: dict, device: torch.device) -> GpuBusy | str:
         return f"the profiler raised {type(exc).__name__}: {exc}"[:200]
 
 
-def _busy_text(busy: GpuBusy | str | None) -> str:
+def busy_text(busy: GpuBusy | str | None) -> str:
     if busy is None:
         return ""
     return "; " + (busy.text() if isinstance(busy, GpuBusy) else f"GPU busy not measured: {busy}")
+
+
+def busy_kernels(busy: GpuBusy | str | None, top: int = 25) -> tuple[tuple[str, float, int], ...]:
+    """The longest kernels of a row's profiled pass, for its JSON row (none where it was not profiled)."""
+    return busy.kernels[:top] if isinstance(busy, GpuBusy) else ()
 
 
 def _calibration_text(cfg: _Config, native: _Config | None) -> str:
@@ -321,7 +326,7 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                     cfg.cold_ms = cfg.cold_ms if cfg.cold_ms is not None else t_cold
                 ms, peak, out = _timed_forward(model, inputs, device, steps)
                 if gpu_busy and r == rounds - 1:
-                    cfg.busy = _busy(model, inputs, device)
+                    cfg.busy = profile_pass(model, inputs, device)
             finally:
                 cfg.leave()
         except Exception as exc:
@@ -344,5 +349,6 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
                              detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native) + _weights_text(cfg, native)
-                             + _served_text(cfg.served) + _busy_text(cfg.busy), weight_bytes=cfg.weight_bytes))
+                             + _served_text(cfg.served) + busy_text(cfg.busy), weight_bytes=cfg.weight_bytes,
+                             kernels=busy_kernels(cfg.busy)))
     return rows, {"explain": explains, "receipts": {p: r.to_json() for p, r in receipts.items()}}

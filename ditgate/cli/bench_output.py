@@ -34,6 +34,7 @@ class BenchRow:
     peak_gib: float | None
     detail: str = ""
     weight_bytes: int | None = None  # bench model: the denoiser's weights resident on the device during the row
+    kernels: tuple[tuple[str, float, int], ...] = ()  # --gpu-busy: device ms per kernel name in one pass, longest first
 
     @classmethod
     def not_run(cls, group: str, name: str, kind: str, status: str, reason: str,

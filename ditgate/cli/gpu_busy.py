@@ -6,10 +6,14 @@ host between them (about 0.8 ms per FP8 call at LTX's 27588 tokens on an H200). 
 back the host runs ahead and those waits vanish. Whether they vanish inside a whole model forward, where other
 modules' kernels keep the GPU busy while the host launches, is what this measures (``ditgate bench model
 --gpu-busy``). The profiler adds its own host time to every launch, so the idle time it finds is an upper bound.
+
+The same pass also sums the device time per kernel name: where two rows of one model differ (a compiled plan with
+linear routes against one without, CUDA graphs against default compile), the kernels whose time moved say why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -21,6 +25,7 @@ class GpuBusy:
     span_ms: float  # first device activity's start to the last one's end
     busy_ms: float  # the union of the device activities' intervals
     activities: int  # kernels, copies and fills recorded
+    kernels: tuple[tuple[str, float, int], ...] = ()  # (name, summed ms, count), longest first
 
     @property
     def idle_ms(self) -> float:
@@ -32,6 +37,20 @@ class GpuBusy:
 
     def text(self) -> str:
         return f"GPU busy {100 * self.fraction:.1f} % of {self.span_ms:.1f} ms (idle {self.idle_ms:.2f} ms)"
+
+    def kernels_text(self, top: int = 8, width: int = 60) -> str:
+        """"kernels: sm90_xmma_gemm... 41.20 ms x60, ...": where the device time went, longest first."""
+        return "kernels: " + ", ".join(f"{name[:width]} {ms:.2f} ms x{n}" for name, ms, n in self.kernels[:top])
+
+
+def kernel_totals(events: Iterable[tuple[str, float]]) -> tuple[tuple[str, float, int], ...]:
+    """``events``: (kernel name, duration in microseconds) -> (name, summed ms, count), longest first."""
+    totals: dict[str, list[float]] = {}
+    for name, us in events:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += us / 1e3
+        entry[1] += 1
+    return tuple(sorted(((n, ms, int(c)) for n, (ms, c) in totals.items()), key=lambda t: -t[1]))
 
 
 def busy_from_intervals(intervals: Iterable[tuple[float, float]]) -> GpuBusy:
@@ -61,6 +80,9 @@ def measure_gpu_busy(fn: Callable[[], object], device: torch.device) -> GpuBusy 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
-    busy = busy_from_intervals((e.time_range.start, e.time_range.end) for e in prof.events()
-                               if e.device_type == torch.autograd.DeviceType.CUDA)
-    return busy if busy.activities else "the profiler recorded no device activity"
+    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = busy_from_intervals((e.time_range.start, e.time_range.end) for e in device_events)
+    if not busy.activities:
+        return "the profiler recorded no device activity"
+    totals = kernel_totals((e.name, e.time_range.end - e.time_range.start) for e in device_events)
+    return dataclasses.replace(busy, kernels=totals)
