@@ -12,7 +12,7 @@ from ditgate.gate import PROFILES
 from ditgate.gate.linear import LinearSetting
 from ditgate.hosts.linear_weights import HeldWeight
 
-from .helpers import Tiny
+from .helpers import Tiny, twice
 
 # every form fast enough and the whole never too slow: what is left to decide is accuracy, per site (CPU timings of
 # 32-wide products say nothing about a GPU)
@@ -90,6 +90,65 @@ def test_the_whole_model_check_takes_back_linear_routes_too():
     assert all(s.weights == "host" for s in plan.report().linear.sites)
     assert torch.equal(tiny.forward(), stock)
     plan.detach()
+
+
+def test_sites_the_host_won_everywhere_run_their_own_forward_until_a_new_shape_comes():
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    exact_output = dataclasses.replace(LENIENT, min_output_cosine=1.0)  # every linear route is taken back
+    plan = _attach(tiny, profile=exact_output, linear=True)
+    tiny.forward()
+    routers = plan.linear.routers
+    assert routers and all(r.aside and "forward" not in r.module.__dict__ for r in routers)
+    calls = [r.ledger.calls for r in routers]
+    assert torch.equal(tiny.forward(), stock)
+    assert [r.ledger.calls for r in routers] == calls  # not routed, not counted
+    assert all(s.aside for s in plan.report().linear.sites)
+    keys_before = {v.shape_key for v in _linear_verdicts(plan)}
+
+    tiny.forward(**twice(tiny.inputs))  # other shapes: the sites are routed again and their new keys measured
+    assert not any(r.aside for r in routers) and all(r.module.__dict__.get("forward") == r.forward for r in routers)
+    assert {v.shape_key for v in _linear_verdicts(plan)} > keys_before
+    plan.detach()
+    assert all("forward" not in r.module.__dict__ for r in routers)
+    assert torch.equal(tiny.forward(), stock)
+
+
+def test_a_static_plan_leaves_sites_no_form_serves_on_their_own_forward():
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model, measure=False, linear=LinearSetting(forms=("int8_linear",)), progress=False)
+    served = [r for r in plan.linear.routers if r.custody.payload_form is not None]
+    aside = [r for r in plan.linear.routers if r.aside]
+    assert served and not any(r.aside for r in served)
+    for r in aside:
+        assert "forward" not in r.module.__dict__ and plan.linear.context.chooser.chosen[r.name][0] is None
+    plan.detach()
+
+
+def test_a_plan_for_a_compiled_model_times_a_linear_form_by_its_product_alone(monkeypatch):
+    from ditgate.forms.linear import Int8DynamicLinear
+
+    quantized = []
+    original = Int8DynamicLinear.quantize_input
+    monkeypatch.setattr(Int8DynamicLinear, "quantize_input", lambda self, x: quantized.append(1) or original(self, x))
+
+    def calibrate(compiled: bool):
+        tiny = Tiny("tiny-wan")
+        quantized.clear()
+        plan = _attach(tiny, linear=LinearSetting(forms=("int8_linear",), compiled=compiled))
+        tiny.forward()
+        keys = [k for k in plan.chooser.book._entries if k.shape_key.startswith("M")]
+        timed_keys = len(keys)
+        plan.detach()
+        return keys, len(quantized), timed_keys
+
+    eager_keys, eager_quantized, timed = calibrate(False)
+    compiled_keys, compiled_quantized, _ = calibrate(True)
+    assert timed and all(k.variant == "" for k in eager_keys)
+    assert all(k.variant == "compiled: product alone" for k in compiled_keys)
+    assert {(k.form, k.shape_key) for k in compiled_keys} == {(k.form, k.shape_key) for k in eager_keys}
+    # eager: every timed call quantizes its input; compiled: once per timed key, and once per accuracy check
+    assert compiled_quantized < eager_quantized - LENIENT.rounds * timed
 
 
 def test_a_receipt_carries_the_linear_verdicts_and_reapplies_them_without_measuring(tmp_path):

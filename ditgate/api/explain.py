@@ -52,6 +52,8 @@ def _linear_table(linear: LinearRecord, measured: bool) -> Table:
         # a plan that measures says why in its verdict columns; a static one says it beside the route
         hosted = "" if measured else "; ".join(f"host {c.calls}: {c.reason}" for c in s.routes
                                                if c.route == "host" and c.reason)
+        if s.aside:
+            hosted = (hosted + "; " if hosted else "") + "own forward again (calls since not counted)"
         row = [s.name, s.role, "\n".join(s.shapes) or "(not called)", s.serving + (f"\n{hosted}" if hosted else ""),
                str(s.calls), str(sum(f.failures for f in s.failures)), s.weights,
                f"{_bytes(s.bytes_before)} -> {_bytes(s.bytes_now)}"]

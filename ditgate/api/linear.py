@@ -37,6 +37,12 @@ def _static_call(router: LinearRouter, capability) -> LinearCall:
                       capability=capability, needs_grad=False)
 
 
+def tensor_shapes(args: tuple, kwargs: dict) -> tuple:
+    """The shapes of a forward's tensor arguments, positional and by name (what decides its linear shape keys)."""
+    return (tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)),
+            tuple((k, tuple(v.shape)) for k, v in kwargs.items() if isinstance(v, torch.Tensor)))
+
+
 class LinearPart:
     def __init__(self, setting: LinearSetting, forms: dict[str, LinearForm], chooser: LinearChooser,
                  route: RouterContext, measuring: bool) -> None:
@@ -75,9 +81,40 @@ class LinearPart:
             else:
                 self.context.chooser.chosen[router.name] = (None, "no linear form serves this site ("
                                                             + "; ".join(refusals) + ")")
+                router.step_aside()
 
     def settle(self, verdicts: dict[tuple[str, str], Verdict]) -> None:
         settle_sites(self.routers, verdicts)
+
+    def aside(self, prefix: str = "") -> list[LinearRouter]:
+        """The sites (under ``prefix``) running their module's own forward since the host won them everywhere."""
+        return [r for r in self.routers if r.aside and r.name.startswith(prefix)]
+
+    def wake_on_new_shapes(self, model: torch.nn.Module, prefix: str, args: tuple, kwargs: dict):
+        """A pre-hook on ``model`` that routes its stepped-aside sites again at the first eager forward whose tensor
+        inputs have other shapes than ``args``/``kwargs`` (the calibrating forward's): their new shape keys are then
+        measured like attention's (``on_new_shape="measure"``). One comparison per forward, not per linear call.
+        Inside a compiled graph it does nothing: there the sites stay aside, as the host. The handle, or None where
+        no site under ``prefix`` stepped aside."""
+        if not self.aside(prefix):
+            return None
+        measured = tensor_shapes(args, kwargs)
+
+        def pre(module, args, kwargs):
+            if torch.compiler.is_compiling() or tensor_shapes(args, kwargs) == measured:
+                return
+            self.wake(prefix)
+            handle.remove()
+
+        handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+        return handle
+
+    def wake(self, prefix: str = "") -> int:
+        """Route the sites under ``prefix`` that stepped aside again (a forward of a shape not measured yet); how many."""
+        woken = self.aside(prefix)
+        for r in woken:
+            r.step_back()
+        return len(woken)
 
     def record(self, verdicts: dict[tuple[str, str], Verdict]) -> LinearRecord:
         by_site: dict[str, list[Verdict]] = {}
@@ -89,7 +126,7 @@ class LinearPart:
             sites.append(LinearSiteRecord(
                 name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls, serving=serving_route(counts),
                 routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
-                weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(),
+                weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(), aside=r.aside,
                 bytes_now=r.custody.bytes_now()))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
                             sum(s.bytes_now for s in sites))

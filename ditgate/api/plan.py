@@ -264,6 +264,9 @@ class Plan:
         self._release_losers()
         if self.linear is not None:
             self.linear.settle(self.chooser.verdicts)
+            if self.chooser.on_new_shape == "measure":
+                handle = self.linear.wake_on_new_shapes(model, self._prefix(name), args, kwargs)
+                self._hooks += [handle] if handle is not None else []
 
     def _release_losers(self) -> None:
         chosen = {v.form for v in self.chooser.verdicts.values() if v.form}

@@ -61,6 +61,7 @@ class LinearSiteRecord:
     weights: str  # the form whose 8-bit weights the module holds, or "host"
     bytes_before: int  # weight and bias on the module's device at attach
     bytes_now: int  # what the site holds there now (8-bit weights and scales, bias, the host weight if still there)
+    aside: bool = False  # the host won every shape: the module runs its own forward again, its calls uncounted
 
 
 @dataclass(frozen=True)

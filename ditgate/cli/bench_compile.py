@@ -6,7 +6,8 @@ practice of re-attaching a plan from its receipt for every pass would recompile 
 - ``stock + compile``: the stock model under ``torch.compile`` (diffusers' default attention backend);
 - ``<ditgate row> + compile``: each ditgate row (``bench_model.DitgateRow``) attached to its copy and calibrated
   eagerly (one forward: the gate's calibration and whole-model check; a static row attaches as it is), then
-  compiled, so the graph is traced with the plan's routes;
+  compiled, so the graph is traced with the plan's routes; a row with linear sites times their forms as they run
+  compiled (``LinearSetting(compiled=True)``: the product alone);
 - each further mode asked for (``reduce-overhead``, ``max-autotune``: CUDA graph trees), the same rows in it.
 
 ``cold ms`` is the first compiled call (dynamo, inductor, the first run): compile time, apart from the timed
@@ -19,6 +20,7 @@ recompile limit is raised for the run (one cache entry per row and budget on the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +59,8 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
     try:
         copy_ = copy.deepcopy(model)
         if row is not None:
+            if row.linear is not None:
+                row = dataclasses.replace(row, linear=dataclasses.replace(row.linear, compiled=True))
             _sync(device)
             t0 = time.perf_counter()
             plan = row.attach(copy_)

@@ -167,6 +167,7 @@ class LinearForm(Probed):
 
     spec: LinearSpec
     quantizer: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    fp8: bool  # the activation's format: e4m3 (True) or int8
 
     def not_supported_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
         avail = self.availability()
@@ -185,6 +186,17 @@ class LinearForm(Probed):
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """``x`` [M, K] in the host's dtype -> [M, N] in that dtype, ``bias`` added."""
+        xq, xs = self.quantize_input(x)
+        return self.product(xq, xs, x.dtype, weight, bias)
+
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A call's [M, K] input as row-wise 8-bit values and their [M, 1] scales."""
+        return quantize_activation(x, fp8=self.fp8)
+
+    def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        """The 8-bit product of a quantized input, scaled back to ``dtype`` with ``bias`` added: the part of ``run``
+        a compiled graph keeps apart (inductor fuses the input's quantization into the kernel that makes it)."""
         raise NotImplementedError
 
 
@@ -218,17 +230,18 @@ class Fp8RowwiseLinear(LinearForm):
                     "the product summed in float32",
     )
     quantizer = staticmethod(quantize_fp8)
+    fp8 = True
 
     def _probe(self) -> Availability:
         return _probe_op("_scaled_mm")
 
-    def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        xq, xs = quantize_activation(x, fp8=True)
-        out_dtype = torch.bfloat16 if x.device.type == "cuda" and x.dtype != torch.bfloat16 else x.dtype
+    def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        out_dtype = torch.bfloat16 if xq.device.type == "cuda" and dtype != torch.bfloat16 else dtype
         fused_bias = bias if bias is not None and bias.dtype == out_dtype else None
         out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
                                out_dtype=out_dtype)
-        out = out.to(x.dtype)
+        out = out.to(dtype)
         if bias is not None and fused_bias is None:
             out = out + bias
         return out
@@ -255,6 +268,7 @@ class Int8DynamicLinear(LinearForm):
         error_bound="each operand element within half its row's scale (absmax / 254); the int32 product exact",
     )
     quantizer = staticmethod(quantize_int8)
+    fp8 = False
 
     def _probe(self) -> Availability:
         return _probe_op("_int_mm")
@@ -264,9 +278,9 @@ class Int8DynamicLinear(LinearForm):
             return [f"{call.rows} rows per call: torch._int_mm on CUDA needs more than 16"]
         return []
 
-    def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        xq, xs = quantize_activation(x, fp8=False)
-        out = (torch._int_mm(xq, weight.data.t()).float() * xs * weight.scale).to(x.dtype)
+    def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        out = (torch._int_mm(xq, weight.data.t()).float() * xs * weight.scale).to(dtype)
         return out if bias is None else out + bias
 
 

@@ -61,6 +61,11 @@ class LinearSetting:
     keep_host: where the host's weight of a quantized site waits for detach: "cpu" (pinned CPU memory; the device
         holds only the 8-bit weights) or "device" (kept beside them: no memory saved, the host path stays fast).
     min_cosine / max_rel_l2: override the profile's linear floors.
+    compiled: the model will run under torch.compile: a form's speed is timed as its 8-bit product alone, on an
+        input quantized beforehand, because inductor fuses the input's row-wise quantization into the kernel that
+        produces the input (a norm, a modulation, an activation) and the product is what remains. Eager calls of such a
+        plan still quantize on every call, so use it for the model you compile. Accuracy is checked as always, on
+        the whole form.
     """
 
     forms: tuple[str, ...] | None = None
@@ -68,6 +73,7 @@ class LinearSetting:
     keep_host: str = "cpu"
     min_cosine: float | None = None
     max_rel_l2: float | None = None
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         if self.forms is not None:
@@ -174,8 +180,12 @@ class LinearGateChooser:
             def run(form=form, weights=weights) -> torch.Tensor:
                 return site.run_form(form, x, weights)
 
-            entrants.append(Entrant(name, form.precision.value, TimingKey(name, call.shape_key), run, _same,
-                                    lambda weights=weights: weights.nbytes))
+            key, timed = TimingKey(name, call.shape_key), None
+            if self.setting.compiled:
+                key, timed = TimingKey(name, call.shape_key, "compiled: product alone"), _product(form, x, weights,
+                                                                                                  site.module.bias)
+            entrants.append(Entrant(name, form.precision.value, key, run, _same,
+                                    lambda weights=weights: weights.nbytes, timed=timed))
         book = self.gate.book if self.profile.share_timing else TimingBook()
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book, x.device)
         if book is not self.gate.book:
@@ -185,13 +195,27 @@ class LinearGateChooser:
                        result.measured, tuple(refusals) + result.refusals)
 
 
+def _product(form: LinearForm, x: torch.Tensor, weights, bias: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+    """The form's product on ``x`` quantized once, at its first timed call (``compiled``): what a compiled graph
+    runs of the form apart from the fused quantization."""
+    quantized: list = []
+
+    def product() -> torch.Tensor:
+        if not quantized:
+            quantized.extend(form.quantize_input(x.reshape(-1, x.shape[-1])))
+        return form.product(quantized[0], quantized[1], x.dtype, weights, bias)
+
+    return product
+
+
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
 def settle_sites(routers: Sequence[LinearRouter], verdicts: dict[tuple[str, str], Verdict]) -> None:
     """Each site's weights after calibration: one form everywhere -> its 8-bit weights replace the host's on the
-    device; the host everywhere -> the candidates go; mixed -> both stay (each shape served as its verdict says)."""
+    device; the host everywhere -> the candidates go and the module runs its own forward again (``step_aside``);
+    mixed -> both stay (each shape served as its verdict says)."""
     chosen: dict[str, set[str | None]] = {}
     for (site, _), v in verdicts.items():
         chosen.setdefault(site, set()).add(v.form)
@@ -201,3 +225,5 @@ def settle_sites(routers: Sequence[LinearRouter], verdicts: dict[tuple[str, str]
             continue  # never called: it measures on its first call
         if len(forms) == 1:
             router.settle(next(iter(forms)))
+            if forms == {None}:
+                router.step_aside()

@@ -107,7 +107,7 @@ class WeightCustody:
         self.module.forward = forward  # an instance attribute: this module alone, nothing process-wide
         self._forward = forward
 
-    def _remove_forward(self) -> None:
+    def remove_forward(self) -> None:
         if self._forward is None:
             return
         if self.module.__dict__.get("forward") is self._forward:
@@ -187,7 +187,7 @@ class WeightCustody:
         """The module exactly as before attach (on the device it is on now); a second call does nothing."""
         self.bring_back_host()
         self._drop_payload()
-        self._remove_forward()
+        self.remove_forward()
 
 
 class LoraFuseRefusedError(HeldWeightError):

@@ -65,6 +65,7 @@ class LinearRouter:
         self._seen_routes: set[tuple] = set()
         self._routes: dict[tuple, object] = {}  # call signature -> what serves it, for the generation below
         self._generation = -1
+        self._aside = False
         self.custody.install_forward(self.forward)
 
     # --- weights -------------------------------------------------------------------------------------
@@ -232,6 +233,28 @@ class LinearRouter:
         self._seen_routes.add(key)
         self.context.route.observe(RouteEvent(self.name, self.role, route, reason, call.shapes_text(), call.dtype,
                                               "-"))
+
+    # --- a site the host won everywhere -----------------------------------------------------------
+    @property
+    def aside(self) -> bool:
+        """True while the module runs its own forward again (``step_aside``): calls cost what they cost before attach,
+        and are not counted."""
+        return self._aside
+
+    def step_aside(self) -> None:
+        """Give the module its own forward back where the host serves every call it was measured at and no form's
+        weights are held: a denoiser makes hundreds of linear calls per forward, and on an image model the router's
+        few microseconds per call, where it only hands the call to the host, cost more than the forms won elsewhere."""
+        if self._aside or self.custody.payload_form is not None or self.candidates:
+            return
+        self.custody.remove_forward()
+        self._aside = True
+
+    def step_back(self) -> None:
+        """The routed forward again (a new shape to measure)."""
+        if self._aside:
+            self.custody.install_forward(self.forward)
+            self._aside = False
 
     # --- the way back --------------------------------------------------------------------------
     def detach(self) -> None:
