@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .bench_output import latency_gate, print_table, write_json, write_plot
+from .gpu_busy import kernels_text
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -201,8 +202,8 @@ def _run_model(args) -> int:
         if ";" in r.detail:
             console.print(f"{r.name}: {r.detail.split('; ', 1)[1]}")
         if r.kernels:
-            console.print(f"{r.name}: kernels of one pass, longest first: " + ", ".join(
-                f"{name[:70]} {ms:.2f} ms x{n}" for name, ms, n in r.kernels[:10]), markup=False)
+            console.print(f"{r.name}: one pass, longest first: {kernels_text(r.kernels, top=10, width=70)}",
+                          markup=False)
     return latency_gate(console, [r for r in rows if r.kind == "ditgate"], args.max_ms, "ditgate rows")
 
 

@@ -38,9 +38,11 @@ class GpuBusy:
     def text(self) -> str:
         return f"GPU busy {100 * self.fraction:.1f} % of {self.span_ms:.1f} ms (idle {self.idle_ms:.2f} ms)"
 
-    def kernels_text(self, top: int = 8, width: int = 60) -> str:
-        """"kernels: sm90_xmma_gemm... 41.20 ms x60, ...": where the device time went, longest first."""
-        return "kernels: " + ", ".join(f"{name[:width]} {ms:.2f} ms x{n}" for name, ms, n in self.kernels[:top])
+
+def kernels_text(kernels: tuple[tuple[str, float, int], ...], top: int = 8, width: int = 60) -> str:
+    """"kernels: sm90_xmma_gemm... 41.20 ms x60, ...": where a pass's device time went (``GpuBusy.kernels``, or a
+    bench row's), longest first."""
+    return "kernels: " + ", ".join(f"{name[:width]} {ms:.2f} ms x{n}" for name, ms, n in kernels[:top])
 
 
 def kernel_totals(events: Iterable[tuple[str, float]]) -> tuple[tuple[str, float, int], ...]:

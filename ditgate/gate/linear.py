@@ -36,6 +36,11 @@ from .profiles import Profile
 from .verdict import NOT_ALLOWED, RAISED, UNAVAILABLE, UNSUPPORTED, Refusal, Verdict
 
 
+# The timing-key variant of a linear form timed for a compiled model (``LinearSetting.compiled``): kept apart in the
+# cache from the same form's eager timing at the same shape key.
+COMPILED_TIMING = "compiled: product alone"
+
+
 @dataclass(frozen=True)
 class LinearFloors:
     """A linear site's accuracy floors: its output against the host's on the same live input."""
@@ -180,10 +185,9 @@ class LinearGateChooser:
             def run(form=form, weights=weights) -> torch.Tensor:
                 return site.run_form(form, x, weights)
 
-            key, timed = TimingKey(name, call.shape_key), None
-            if self.setting.compiled:
-                key, timed = TimingKey(name, call.shape_key, "compiled: product alone"), _product(form, x, weights,
-                                                                                                  site.module.bias)
+            compiled = self.setting.compiled
+            key = TimingKey(name, call.shape_key, COMPILED_TIMING if compiled else "")
+            timed = _product(form, x, weights, site.module.bias) if compiled else None
             entrants.append(Entrant(name, form.precision.value, key, run, _same,
                                     lambda weights=weights: weights.nbytes, timed=timed))
         book = self.gate.book if self.profile.share_timing else TimingBook()
