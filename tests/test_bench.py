@@ -107,6 +107,27 @@ def test_bench_model_refuses_sparse_rows_it_cannot_make():
     assert orphan.returncode == 2 and "--sparse-static needs --sparse BUDGET" in orphan.stdout
     unknown = _bench("model", "--preset", "tiny-wan", "--sparse", "0.3", "--sparse-static", "fa4")
     assert unknown.returncode == 2 and "static sparse forms must be among" in unknown.stdout
+    uncompiled = _bench("model", "--preset", "tiny-wan", "--profiles", "speed", "--compiled-only")
+    assert uncompiled.returncode == 2 and "--compiled-only needs --compile" in uncompiled.stdout
+    nothing = _bench("model", "--preset", "tiny-wan", "--profiles", "speed", "--only", "sparse")
+    assert nothing.returncode == 2 and "keeps none of the rows" in nothing.stdout
+
+
+@pytest.mark.slow  # a subprocess that compiles two copies of a model with inductor: 10-20 s
+def test_compiled_only_rows_keep_their_plans_routes_weights_and_explanations(tmp_path):
+    res = _bench("model", "--preset", "tiny-wan", "--layers", "1", "--backends", "native", "--profiles", "quality",
+                 "speed", "--linear", "--linear-forms", "int8_linear", "--compile", "default", "--compiled-only",
+                 "--only", "speed", "--rounds", "1", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "bench-model-tiny-wan-1l.json").read_text())
+    rows = {r["name"]: r for r in data["rows"]}
+    # no eager ditgate row: the stock one is the baseline of every compiled row
+    assert set(rows) == {"stock native", "stock + compile", "ditgate speed + compile", "ditgate speed +linear + compile"}
+    linear = rows["ditgate speed +linear + compile"]
+    assert linear["status"] == "ok" and linear["weight_bytes"] == rows["stock + compile"]["weight_bytes"]
+    assert "weights " in linear["detail"] and "linear " in linear["detail"]  # its linear sites, counted by route
+    assert set(data["explain"]) == {"ditgate speed + compile", "ditgate speed +linear + compile"}
+    assert "blocks.0.ffn" in data["explain"]["ditgate speed +linear + compile"]
 
 
 def test_presets_cut_to_fewer_layers():

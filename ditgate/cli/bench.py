@@ -58,6 +58,11 @@ def add_bench_parsers(sub) -> None:
                    help="also the stock model and every ditgate row under torch.compile, each on its own copy of the "
                         "model, compile time as cold ms (modes: default, reduce-overhead, max-autotune: CUDA graph "
                         "trees; none named: default)")
+    m.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                   help="keep only the ditgate rows whose name contains one of these (e.g. --only sparse)")
+    m.add_argument("--compiled-only", action="store_true",
+                   help="with --compile, of the eager rows only the stock model's (the baseline of 'x stock eager'): "
+                        "whole-depth compiled rows in one call's time")
     m.add_argument("--linear", action="store_true",
                    help="beside each row of a bounded profile (balanced, speed; sparse rows too), the same row with the "
                         "denoiser's linear sites routed (8-bit W8A8 forms, gated per site)")
@@ -173,6 +178,12 @@ def _run_model(args) -> int:
     preset = get_preset(args.preset)
     try:
         rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static, _linear_setting(args))
+        if args.only:
+            rows_wanted = [r for r in rows_wanted if any(text in r.name for text in args.only)]
+            if not rows_wanted:
+                raise ValueError(f"--only {' '.join(args.only)} keeps none of the rows asked for")
+        if args.compiled_only and args.compile is None:
+            raise ValueError("--compiled-only needs --compile")
         if args.layers is not None:
             if args.weights:
                 raise ValueError("--layers cuts the preset's random-weights model; --weights loads a folder as saved")
@@ -187,7 +198,8 @@ def _run_model(args) -> int:
     backends = DEFAULT_BACKENDS if args.backends is None else tuple(args.backends)
     with _progress(console) as prog:
         task = prog.add_task("model", total=None)
-        rows, extra = bench_model(preset, model, device, dtype, backends, rows_wanted, args.rounds, args.steps,
+        eager_rows = () if args.compiled_only else rows_wanted
+        rows, extra = bench_model(preset, model, device, dtype, backends, eager_rows, args.rounds, args.steps,
                                   forced_backends=tuple(args.backends or ()),
                                   progress=lambda text: prog.update(task, description=text), gpu_busy=args.gpu_busy)
         if args.compile is not None:
@@ -195,7 +207,8 @@ def _run_model(args) -> int:
 
             rows += bench_compiled(preset, model, device, dtype, rows_wanted, args.rounds, args.steps,
                                    tuple(args.compile) or ("default",), reference_output(preset, model, device, dtype),
-                                   progress=lambda text: prog.update(task, description=text), gpu_busy=args.gpu_busy)
+                                   progress=lambda text: prog.update(task, description=text), gpu_busy=args.gpu_busy,
+                                   explains=extra["explain"])
     _emit(console, f"ditgate bench model {preset.name} ({device.type}, {_dtype_name(dtype)})",
           out / f"bench-model-{preset.name}", rows, {"preset": preset.name, **extra})
     for r in rows:  # what served how many sites, and how busy the GPU was: past the table's rounds count

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import statistics
+from collections import Counter
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +32,8 @@ import torch
 from ..gate import compare
 from ..hosts import model_output
 from ..models.presets import ModelPreset
-from .bench_model import (DitgateRow, _sync, _timed_forward, busy_kernels, busy_text, failed, interleaved,
-                          profile_pass, record)
+from .bench_model import (DitgateRow, served_text, _sync, _timed_forward, busy_kernels, busy_text,
+                          device_weight_bytes, failed, interleaved, profile_pass, record, served_routes, weights_text)
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -51,10 +52,12 @@ class _Compiled:
     peaks: list = field(default_factory=list)
     output: torch.Tensor | None = None
     busy: object = None  # --gpu-busy: the profiled pass (GpuBusy) or why there is none
+    weight_bytes: int | None = None  # the denoiser's weights resident on the device under this row's plan
+    served: Counter | None = None  # the routes of the calibrating pass, per site ("linear fp8_linear": 20)
 
 
 def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, calib_inputs: dict,
-          device: torch.device) -> _Compiled:
+          device: torch.device, explains: dict[str, str]) -> _Compiled:
     cfg = _Compiled(name, mode)
     try:
         copy_ = copy.deepcopy(model)
@@ -68,6 +71,9 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
                 copy_(**calib_inputs)  # calibrates (a measured row), eagerly
             _sync(device)
             cfg.detail = f"calibration {time.perf_counter() - t0:.1f} s; plan kept attached ({plan.mode})"
+            cfg.served = served_routes(plan)
+            explains[name] = plan.explain()
+        cfg.weight_bytes = device_weight_bytes(copy_, device, plan if row is not None else None)
         cfg.forward = torch.compile(copy_) if mode == "default" else torch.compile(copy_, mode=mode)
     except Exception as exc:
         cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
@@ -76,17 +82,20 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
 
 def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                    rows: Sequence[DitgateRow], rounds: int, steps: int = 1, modes: Sequence[str] = ("default",),
-                   reference: torch.Tensor | None = None, progress=None, gpu_busy: bool = False) -> list[BenchRow]:
+                   reference: torch.Tensor | None = None, progress=None, gpu_busy: bool = False,
+                   explains: dict[str, str] | None = None) -> list[BenchRow]:
     """The compiled rows (see the module docstring); ``reference``: the eager stock output on round 0's inputs;
-    ``gpu_busy``: one more pass per row after the last round, under the profiler (not timed)."""
+    ``gpu_busy``: one more pass per row after the last round, under the profiler (not timed); ``explains``
+    receives each ditgate row's ``plan.explain()`` after its calibration, by row name."""
+    explains = {} if explains is None else explains
     calib_inputs = preset.inputs(model, device, dtype, seed=1000)
     configs: list[_Compiled] = []
     for mode in modes:
         suffix = " + compile" + ("" if mode == "default" else f" ({mode})")
         if progress:
             progress(f"preparing the compiled rows{suffix}")
-        configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device))
-        configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device) for row in rows]
+        configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device, explains))
+        configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device, explains) for row in rows]
     with torch._dynamo.config.patch(recompile_limit=max(64, 8 * len(configs)),
                                     accumulated_recompile_limit=max(256, 32 * len(configs))):
         for r, inputs, cfg in interleaved(preset, model, device, dtype, configs, rounds, progress):
@@ -106,6 +115,7 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
 def _rows(preset: ModelPreset, configs: list[_Compiled], reference: torch.Tensor | None) -> list[BenchRow]:
     baselines = {c.mode: statistics.median(c.samples) for c in configs
                  if c.name.startswith("stock") and c.samples and c.status == "ok"}
+    stock_bytes = {c.mode: c.weight_bytes for c in configs if c.name.startswith("stock")}
     rows = []
     for cfg in configs:
         if not cfg.samples or cfg.status != "ok":
@@ -120,8 +130,10 @@ def _rows(preset: ModelPreset, configs: list[_Compiled], reference: torch.Tensor
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
                              detail=f"{len(cfg.samples)} rounds; cold = compile + first call"
-                                    + (f"; {cfg.detail}" if cfg.detail else "") + busy_text(cfg.busy),
-                             kernels=busy_kernels(cfg.busy)))
+                                    + (f"; {cfg.detail}" if cfg.detail else "")
+                                    + weights_text(cfg.weight_bytes, stock_bytes.get(cfg.mode))
+                                    + served_text(cfg.served) + busy_text(cfg.busy),
+                             weight_bytes=cfg.weight_bytes, kernels=busy_kernels(cfg.busy)))
     return rows
 
 

@@ -231,14 +231,20 @@ def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.de
 
     def leave():
         plan = holder.pop("plan")
-        report = plan.report()
-        cfg.served = Counter(s.serving for s in report.sites if s.calls)
-        if report.linear is not None:  # linear sites, counted apart: "linear int8_linear 20, linear host 6"
-            cfg.served += Counter(f"linear {s.serving}" for s in report.linear.sites if s.calls)
+        cfg.served = served_routes(plan)
         plan.detach()
 
     cfg.enter, cfg.leave = enter, leave
     return cfg
+
+
+def served_routes(plan: Plan) -> Counter:
+    """How many sites each route served most, attention and linear sites apart ("linear int8_linear": 20)."""
+    report = plan.report()
+    served = Counter(s.serving for s in report.sites if s.calls)
+    if report.linear is not None:
+        served += Counter(f"linear {s.serving}" for s in report.linear.sites if s.calls)
+    return served
 
 
 def device_weight_bytes(model: torch.nn.Module, device: torch.device, plan: Plan | None = None) -> int:
@@ -253,12 +259,11 @@ def device_weight_bytes(model: torch.nn.Module, device: torch.device, plan: Plan
     return total
 
 
-def _weights_text(cfg: _Config, stock: _Config | None) -> str:
+def weights_text(n: int | None, stock: int | None) -> str:
     """"; weights 2.61 GiB (0.55x stock)": the denoiser's resident weights while the row ran."""
-    if cfg.weight_bytes is None:
+    if n is None:
         return ""
-    ratio = f" ({cfg.weight_bytes / stock.weight_bytes:.2f}x stock)" if stock and stock.weight_bytes else ""
-    n = cfg.weight_bytes
+    ratio = f" ({n / stock:.2f}x stock)" if stock else ""
     size = f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
     return f"; weights {size}{ratio}"
 
@@ -293,7 +298,7 @@ def _calibration_text(cfg: _Config, native: _Config | None) -> str:
     return f"; calibration {cfg.cold_ms / 1e3:.1f} s = {cfg.cold_ms / statistics.median(native.samples):.1f} forwards"
 
 
-def _served_text(served: Counter | None) -> str:
+def served_text(served: Counter | None) -> str:
     """"; sites: fp8_sparse 8, fa4 8": how many sites each route served most, in the last timed pass."""
     if not served:
         return ""
@@ -348,7 +353,8 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              cfg.cold_ms, None, statistics.median(native.samples) / med if native else None,
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
-                             detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native) + _weights_text(cfg, native)
-                             + _served_text(cfg.served) + busy_text(cfg.busy), weight_bytes=cfg.weight_bytes,
+                             detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native)
+                             + weights_text(cfg.weight_bytes, native.weight_bytes if native else None)
+                             + served_text(cfg.served) + busy_text(cfg.busy), weight_bytes=cfg.weight_bytes,
                              kernels=busy_kernels(cfg.busy)))
     return rows, {"explain": explains, "receipts": {p: r.to_json() for p, r in receipts.items()}}
