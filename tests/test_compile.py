@@ -26,7 +26,8 @@ LENIENT = dataclasses.replace(PROFILES["quality"], name="lenient", min_speedup=1
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
-    yield
+    with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):  # torch's defaults
+        yield  # (attach raises them for models of many blocks: hosts.regional)
     torch._dynamo.reset()
 
 
@@ -217,6 +218,28 @@ def test_in_place_and_regional_compilation_in_either_order(how, order):
     plan.detach()
     assert _close(tiny.forward(), stock)
     assert all(not type(m.module.processor).__dict__.get("_ditgate_routed") for m in find_attention_modules(tiny.model))
+
+
+def test_regional_compilation_with_more_blocks_than_dynamos_limit_compiles_every_block_under_fullgraph():
+    """compile_repeated_blocks(fullgraph=True), as diffusers' docs advise, of a 12-block attached Wan: each routed
+    block compiles a graph of its own (its sites' routers are guarded), which dynamo's default limit of 8 per code
+    object would turn into FailOnRecompileLimitHit at the ninth; attach makes room, and detach leaves it, as the
+    detached blocks recompile on top of the graphs compiled while attached."""
+    preset = dataclasses.replace(Tiny("tiny-wan").preset, config=dict(Tiny("tiny-wan").preset.config, num_layers=12))
+    tiny = Tiny(preset)
+    stock = tiny.forward()
+    plan = _copy_plan(tiny.model)
+    tiny.forward()  # calibrates
+    assert torch._dynamo.config.recompile_limit >= 2 * 12
+    graphs = Graphs()
+    tiny.model.compile_repeated_blocks(backend=graphs, fullgraph=True)
+    outs = [tiny.forward() for _ in range(2)]
+    assert all(_close(out, stock) for out in outs)
+    assert graphs.count == 12  # one per block, none run eagerly past a limit, none twice
+    assert all(routes == {("copy", "")} for routes in _compiled_routes(plan).values())
+    plan.detach()
+    assert _close(tiny.forward(), stock)
+    assert graphs.count == 13  # the detached blocks share one graph again, recompiled within the room
 
 
 def test_detach_and_a_new_plan_never_leave_a_stale_route_in_a_compiled_graph():

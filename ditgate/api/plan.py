@@ -47,6 +47,7 @@ from ..gate.whole_memo import RememberedCheck, check_key
 from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_routed, model_output, plan_interception,
                      routed_processor)
 from ..hosts.parallel import parallel_records
+from ..hosts.regional import make_room
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..router.linear import StaticLinearChooser
 from ..sparse.padding import PaddingKeys
@@ -124,6 +125,8 @@ class Plan:
                 routed = routed_processor(proc, router.entries(), router.begin_invocation)
                 setattr(found.module, "processor", routed)
                 self._attached.append(_Attached(found.module, proc, routed, router))
+        if self._attached:  # regional compilation (compile_repeated_blocks) compiles each routed block apart
+            make_room([model for _, model in self.denoisers])
         # masks that hide only padding (HunyuanVideo's): installed before the sparse stage, whose hook reuses them
         padding = self.context.padding = PaddingKeys()
         for name, model in self.denoisers:
