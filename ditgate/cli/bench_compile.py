@@ -32,8 +32,8 @@ import torch
 from ..gate import compare
 from ..hosts import model_output
 from ..models.presets import ModelPreset
-from .bench_model import (DitgateRow, served_text, _sync, _timed_forward, busy_kernels, busy_text,
-                          device_weight_bytes, failed, interleaved, profile_pass, record, served_routes, weights_text)
+from .bench_model import (DitgateRow, busy_kernels, busy_text, chosen_routes, device_weight_bytes, failed, interleaved,
+                          profile_pass, record, served_text, _sync, _timed_forward, weights_text)
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -53,7 +53,7 @@ class _Compiled:
     output: torch.Tensor | None = None
     busy: object = None  # --gpu-busy: the profiled pass (GpuBusy) or why there is none
     weight_bytes: int | None = None  # the denoiser's weights resident on the device under this row's plan
-    served: Counter | None = None  # the routes of the calibrating pass, per site ("linear fp8_linear": 20)
+    served: Counter | None = None  # the routes its plan chose, per site ("linear fp8_linear": 20)
 
 
 def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, calib_inputs: dict,
@@ -71,7 +71,7 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
                 copy_(**calib_inputs)  # calibrates (a measured row), eagerly
             _sync(device)
             cfg.detail = f"calibration {time.perf_counter() - t0:.1f} s; plan kept attached ({plan.mode})"
-            cfg.served = served_routes(plan)
+            cfg.served = chosen_routes(plan)
             explains[name] = plan.explain()
         cfg.weight_bytes = device_weight_bytes(copy_, device, plan if row is not None else None)
         cfg.forward = torch.compile(copy_) if mode == "default" else torch.compile(copy_, mode=mode)

@@ -247,6 +247,16 @@ def served_routes(plan: Plan) -> Counter:
     return served
 
 
+def chosen_routes(plan: Plan) -> Counter:
+    """How many sites each route was chosen for, by their last verdicts (what a graph traced after calibration
+    calls: the calibrating pass itself ran the host), attention and linear sites apart."""
+    report = plan.report()
+    chosen = Counter((s.verdicts[-1].form or "host") if s.verdicts else "host" for s in report.sites)
+    if report.linear is not None:
+        chosen += Counter(f"linear {s.weights}" for s in report.linear.sites)
+    return chosen
+
+
 def device_weight_bytes(model: torch.nn.Module, device: torch.device, plan: Plan | None = None) -> int:
     """Bytes of the denoiser's weights on ``device``: its parameters and buffers there (a quantized site's 8-bit
     weights and scales, not its stand-in), plus host weights a plan keeps there beside them (``keep_host="device"``).
