@@ -116,17 +116,19 @@ def test_bench_model_refuses_sparse_rows_it_cannot_make():
 @pytest.mark.slow  # a subprocess that compiles two copies of a model with inductor: 10-20 s
 def test_compiled_only_rows_keep_their_plans_routes_weights_and_explanations(tmp_path):
     res = _bench("model", "--preset", "tiny-wan", "--layers", "1", "--backends", "native", "--profiles", "quality",
-                 "speed", "--linear", "--linear-forms", "int8_linear", "--compile", "default", "--compiled-only",
-                 "--only", "speed", "--rounds", "1", "--out", str(tmp_path))
+                 "speed", "--linear", "--linear-forms", "int8_linear", "--compile", "default", "regional",
+                 "--compiled-only", "--only", "speed", "--rounds", "1", "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "bench-model-tiny-wan-1l.json").read_text())
     rows = {r["name"]: r for r in data["rows"]}
     # no eager ditgate row: the stock one is the baseline of every compiled row
-    assert set(rows) == {"stock native", "stock + compile", "ditgate speed + compile", "ditgate speed +linear + compile"}
+    compiled = {"stock + compile", "ditgate speed + compile", "ditgate speed +linear + compile"}
+    assert set(rows) == {"stock native", *compiled, *(f"{name} (regional)" for name in compiled)}
+    assert all(r["status"] == "ok" for r in data["rows"])
     linear = rows["ditgate speed +linear + compile"]
     assert linear["status"] == "ok" and linear["weight_bytes"] == rows["stock + compile"]["weight_bytes"]
     assert "weights " in linear["detail"] and "linear " in linear["detail"]  # its linear sites, counted by route
-    assert set(data["explain"]) == {"ditgate speed + compile", "ditgate speed +linear + compile"}
+    assert set(data["explain"]) == {name for name in rows if name.startswith("ditgate")}
     assert "blocks.0.ffn" in data["explain"]["ditgate speed +linear + compile"]
 
 

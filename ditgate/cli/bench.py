@@ -57,7 +57,7 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--compile", nargs="*", default=None, choices=COMPILE_MODES, metavar="MODE",
                    help="also the stock model and every ditgate row under torch.compile, each on its own copy of the "
                         "model, compile time as cold ms (modes: default, reduce-overhead, max-autotune: CUDA graph "
-                        "trees; none named: default)")
+                        "trees; regional: compile_repeated_blocks(fullgraph=True); none named: default)")
     m.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                    help="keep only the ditgate rows whose name contains one of these (e.g. --only sparse)")
     m.add_argument("--compiled-only", action="store_true",

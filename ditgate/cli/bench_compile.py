@@ -8,7 +8,8 @@ practice of re-attaching a plan from its receipt for every pass would recompile 
   eagerly (one forward: the gate's calibration and whole-model check; a static row attaches as it is), then
   compiled, so the graph is traced with the plan's routes; a row with linear sites times their forms as they run
   compiled (``LinearSetting(compiled=True)``: the product alone);
-- each further mode asked for (``reduce-overhead``, ``max-autotune``: CUDA graph trees), the same rows in it.
+- each further mode asked for (``reduce-overhead``, ``max-autotune``: CUDA graph trees; ``regional``: diffusers'
+  ``compile_repeated_blocks(fullgraph=True)`` on the copy, each routed block a graph of its own), the same rows in it.
 
 ``cold ms`` is the first compiled call (dynamo, inductor, the first run): compile time, apart from the timed
 rounds; a ditgate row's calibration time is in its detail. Every round runs every row once on that round's
@@ -31,12 +32,13 @@ import torch
 
 from ..gate import compare
 from ..hosts import model_output
+from ..hosts.regional import repeated_block_counts
 from ..models.presets import ModelPreset
 from .bench_model import (DitgateRow, busy_kernels, busy_text, chosen_routes, device_weight_bytes, failed, interleaved,
                           profile_pass, record, served_text, _sync, _timed_forward, weights_text)
 from .bench_output import BenchRow
 
-MODES = ("default", "reduce-overhead", "max-autotune")
+MODES = ("default", "reduce-overhead", "max-autotune", "regional")
 
 
 @dataclass
@@ -74,7 +76,11 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
             cfg.served = chosen_routes(plan)
             explains[name] = plan.explain()
         cfg.weight_bytes = device_weight_bytes(copy_, device, plan if row is not None else None)
-        cfg.forward = torch.compile(copy_) if mode == "default" else torch.compile(copy_, mode=mode)
+        if mode == "regional":  # diffusers' regional compilation: each repeated block class compiled in place
+            copy_.compile_repeated_blocks(fullgraph=True)
+            cfg.forward = copy_
+        else:
+            cfg.forward = torch.compile(copy_) if mode == "default" else torch.compile(copy_, mode=mode)
     except Exception as exc:
         cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
     return cfg
@@ -96,8 +102,10 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
             progress(f"preparing the compiled rows{suffix}")
         configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device, explains))
         configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device, explains) for row in rows]
-    with torch._dynamo.config.patch(recompile_limit=max(64, 8 * len(configs)),
-                                    accumulated_recompile_limit=max(256, 32 * len(configs))):
+    # a routed block compiles a graph of its own under regional compilation (hosts.regional), on every row's copy
+    blocks = max(repeated_block_counts([model]).values(), default=0)
+    limit = max(64, 8 * len(configs), 2 * blocks * len(configs))
+    with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 4 * limit)):
         for r, inputs, cfg in interleaved(preset, model, device, dtype, configs, rounds, progress):
             try:
                 if r == 0:  # compiles: reported apart
