@@ -26,6 +26,8 @@
 #             process, per "preset:blocks" in $CALIBRATION (and the per-site gate beside it for $PER_SITE)
 #   compiled  ditgate bench model with linear forms and torch.compile rows, per "preset:blocks" in $COMPILED, $ROUNDS rounds
 #             ($COMPILED_ARGS replaces the rows asked for, e.g. "--profiles speed --compile default reduce-overhead")
+#   linear    benchmarks/linear_parts.py: the FP8 linear forms' parts (quantization, row-wise and tensor-wise
+#             products) against bf16 F.linear at Wan's and Flux's shapes
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
 # Each stage writes under $OUT/<stage>/ (JSON, PNG, logs) and the script ends with a short table of every result
@@ -182,6 +184,14 @@ stage_compiled() {  # eager and compiled rows, with and without linear forms
             --out "$dir" 2>&1 \
             | quiet | tee "$dir/$preset.log" | tail -24
     done
+}
+
+stage_linear() {
+    local dir=$OUT/linear
+    mkdir -p "$dir"
+    gpu_line "$dir"
+    timeout ${LINEAR_S:-240} python3 benchmarks/linear_parts.py --out "$dir" 2>&1 | quiet | tee "$dir/linear-parts.log" \
+        | tail -4
 }
 
 stage_lists() {

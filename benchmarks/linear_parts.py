@@ -1,5 +1,6 @@
 """The fp8 linear form's parts timed apart at Wan 1.3B's and Flux's shapes: bf16 F.linear (the host), the row-wise
-quantization (torch ops, and ditgate's Triton kernel at a few block shapes), torch._scaled_mm alone, the whole form.
+quantization (torch ops, and ditgate's Triton kernel at a few block shapes), torch._scaled_mm alone, the whole form;
+beside them the tensor-wise product and quantization (``fp8_tensor_linear``).
 
     python benchmarks/linear_parts.py [--out DIR]      (CUDA)
 """
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from ditgate.forms.linear import Fp8RowwiseLinear, quantize_fp8
+from ditgate.forms.linear import Fp8RowwiseLinear, Fp8TensorwiseLinear, quantize_fp8, quantize_fp8_tensor
 from ditgate.kernels.rowwise_quant import quantize_rows
 
 SHAPES = [(32760, 1536, 1536), (32760, 1536, 8960), (32760, 8960, 1536), (4608, 3072, 3072), (4608, 3072, 12288)]
@@ -46,6 +47,15 @@ def main() -> None:
         row["scaled_mm"] = ms(lambda: torch._scaled_mm(xq, qw.data.t(), scale_a=xs, scale_b=qw.scale, bias=b,
                                                        out_dtype=torch.bfloat16))
         row["form"] = ms(lambda: form.run(x, qw, b))
+        # the same product with one scale per tensor (cuBLAS's plain FP8 GEMM, no outer-vector scales)
+        tensor_form = Fp8TensorwiseLinear()
+        tw = tensor_form.quantize(w)
+        xt, xts = quantize_fp8_tensor(x)
+        row["scaled_mm_tensorwise"] = ms(lambda: torch._scaled_mm(xt, tw.data.t(), scale_a=xts, scale_b=tw.scale,
+                                                                  bias=b, out_dtype=torch.bfloat16))
+        row["quant_tensorwise_torch_ops"] = ms(lambda: quantize_fp8_tensor(x))
+        row["cosine_tensorwise"] = F.cosine_similarity(tensor_form.run(x, tw, b).float().flatten(),
+                                                       F.linear(x.float(), w.float(), b.float()).flatten(), dim=0).item()
         ref = F.linear(x.float(), w.float(), b.float())
         out = form.run(x, qw, b).float()
         row["cosine"] = F.cosine_similarity(out.flatten(), ref.flatten(), dim=0).item()
@@ -57,7 +67,8 @@ def main() -> None:
     best = {r["shape"]: min((v, k) for k, v in r.items() if k.startswith("quant_triton")) for r in rows}
     print("best quantization config per shape:", {s: (k, round(v, 4)) for s, (v, k) in best.items()})
     print("median over shapes:", {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]
-                                  if k.startswith("quant_") or k in ("host_linear", "scaled_mm", "form")})
+                                  if k.startswith("quant_") or k in ("host_linear", "scaled_mm", "form",
+                                                                     "scaled_mm_tensorwise")})
 
 
 if __name__ == "__main__":

@@ -6,11 +6,14 @@ import torch
 from ditgate.forms.linear import (
     FP8_MAX,
     INT8_MAX,
+    LINEAR_OPT_IN,
+    LINEAR_PRIORITY,
     LinearCall,
     UnknownLinearFormError,
     create_linear_forms,
     describe_linear,
     quantize_fp8,
+    quantize_fp8_tensor,
 )
 
 FP8_RELATIVE = 2.0 ** -4  # half the spacing of e4m3's three mantissa bits, relative to a normal value
@@ -34,10 +37,12 @@ def _element_bound(t: torch.Tensor, form: str) -> torch.Tensor:
     if form == "fp8_linear":
         scale = t.abs().amax(-1, keepdim=True) / FP8_MAX
         return FP8_RELATIVE * t.abs() + FP8_ABSOLUTE * scale
+    if form == "fp8_tensor_linear":  # one scale for the whole tensor
+        return FP8_RELATIVE * t.abs() + FP8_ABSOLUTE * t.abs().amax() / FP8_MAX
     return (t.abs().amax(-1, keepdim=True) / INT8_MAX / 2).expand_as(t)
 
 
-@pytest.mark.parametrize("form", ["fp8_linear", "int8_linear"])
+@pytest.mark.parametrize("form", ["fp8_linear", "int8_linear", "fp8_tensor_linear"])
 @pytest.mark.parametrize("rows,k,n,outliers", [(64, 96, 48, False), (33, 256, 80, True), (1, 32, 16, False)])
 def test_linear_forms_stay_within_their_bound_of_a_float64_reference(form, rows, k, n, outliers):
     x, w, b = _operands(rows, k, n, seed=rows + k, outliers=outliers)
@@ -64,12 +69,31 @@ def test_fp8_on_a_cpu_is_the_emulation_exactly():
     assert torch.allclose(form.run(x, weights, b), emulated, rtol=0, atol=1e-5)
 
 
+def test_fp8_tensorwise_on_a_cpu_is_its_emulation_exactly_and_loses_small_rows_first():
+    x, w, b = _operands(48, 64, 32, seed=3, outliers=True)
+    x[7] *= 1e-4  # a row far below the tensor's absmax: row-wise scales keep its digits, one scale does not
+    forms = create_linear_forms(["fp8_tensor_linear", "fp8_linear"])
+    tensorwise = forms["fp8_tensor_linear"]
+    weights = tensorwise.quantize(w)
+    assert weights.scale.shape == (1, 1)
+    xq, xs = quantize_fp8_tensor(x)
+    emulated = (xq.float() * xs) @ (weights.data.float() * weights.scale).t() + b
+    out = tensorwise.run(x, weights, b)
+    assert torch.allclose(out, emulated, rtol=0, atol=1e-5)
+    ref = x.double() @ w.double().t()
+    rowwise = forms["fp8_linear"].run(x, forms["fp8_linear"].quantize(w), None)
+    row_err = lambda y: ((y[7].double() - ref[7]).norm() / ref[7].norm()).item()  # noqa: E731
+    assert row_err(tensorwise.run(x, weights, None)) > 2 * row_err(rowwise)
+
+
 def test_a_zero_row_stays_zero_and_finite():
     x, w, _ = _operands(20, 32, 16, seed=5, outliers=False)
     x[3] = 0
-    for name, form in create_linear_forms().items():
+    for name, form in create_linear_forms(LINEAR_PRIORITY + LINEAR_OPT_IN).items():
         out = form.run(x, form.quantize(w), None)
         assert torch.isfinite(out).all() and torch.equal(out[3], torch.zeros(16)), name
+        zeros = form.run(torch.zeros_like(x), form.quantize(w), None)
+        assert torch.equal(zeros, torch.zeros_like(zeros)), name
 
 
 def _call(**changes) -> LinearCall:
@@ -98,5 +122,6 @@ def test_the_shape_key_is_rows_k_n_and_dtype():
 
 
 def test_unknown_linear_forms_are_named():
-    with pytest.raises(UnknownLinearFormError, match="fp8_linear, int8_linear"):
+    with pytest.raises(UnknownLinearFormError, match="fp8_linear, int8_linear, fp8_tensor_linear"):
         create_linear_forms(["fp16_linear"])
+    assert tuple(create_linear_forms()) == LINEAR_PRIORITY  # an opt-in form only when named

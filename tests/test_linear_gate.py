@@ -181,6 +181,22 @@ def test_a_batch_of_another_size_is_served_by_the_host_with_the_reason():
     plan.detach()
 
 
+def test_an_opt_in_form_is_measured_only_where_it_is_named():
+    tiny = Tiny("tiny-wan")
+    named = _attach(tiny, linear=["fp8_tensor_linear"])
+    tiny.forward()
+    verdicts = [v for v in _linear_verdicts(named) if v.measured]
+    assert verdicts and all({m.form for m in v.measured} == {"fp8_tensor_linear"} for v in verdicts)
+    assert all(any(r.form == "fp8_linear" and "not among the named" in r.detail for r in v.refusals)
+               for v in verdicts)
+    named.detach()
+    default = _attach(tiny, linear=True)
+    tiny.forward()
+    measured = {m.form for v in _linear_verdicts(default) for m in v.measured}
+    assert "fp8_tensor_linear" not in measured and "fp8_linear" in measured
+    default.detach()
+
+
 def test_the_quality_profile_never_quantizes_a_linear():
     tiny = Tiny("tiny-wan")
     with pytest.raises(ValueError, match="'quality' never quantizes a linear"):

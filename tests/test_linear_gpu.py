@@ -5,14 +5,14 @@ import pytest
 import torch
 
 import ditgate
-from ditgate.forms.linear import create_linear_forms, describe_linear
+from ditgate.forms.linear import LINEAR_OPT_IN, LINEAR_PRIORITY, create_linear_forms, describe_linear
 from ditgate.gate import compare
 from ditgate.models.presets import get_preset
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # W8A8 row-wise on N(0, 1) activations: FP8 e4m3 measures rel L2 ~3.7 %, INT8 ~1 % (tests/test_linear_forms.py)
-FLOORS = {"fp8_linear": 0.998, "int8_linear": 0.9995}
+FLOORS = {"fp8_linear": 0.998, "int8_linear": 0.9995, "fp8_tensor_linear": 0.998}
 
 
 @pytest.mark.parametrize("rows,k,n", [(32760, 1536, 1536), (32760, 1536, 8960), (4608, 3072, 12288), (512, 4096, 1536)])
@@ -24,7 +24,7 @@ def test_linear_forms_match_a_float32_reference_at_real_shapes(rows, k, n):
     ref = x.float() @ w.float().t() + b.float()
     call = describe_linear(x, n, False, torch.cuda.get_device_capability())
     ran = []
-    for name, form in create_linear_forms().items():
+    for name, form in create_linear_forms(LINEAR_PRIORITY + LINEAR_OPT_IN).items():
         if form.not_supported_reasons(call):
             continue
         out = form.run(x, form.quantize(w), b)
@@ -32,6 +32,8 @@ def test_linear_forms_match_a_float32_reference_at_real_shapes(rows, k, n):
         assert compare(out.float(), ref).cosine >= FLOORS[name], name
         ran.append(name)
     assert "int8_linear" in ran
+    if torch.cuda.get_device_capability() >= (8, 9):
+        assert {"fp8_linear", "fp8_tensor_linear"} <= set(ran)
 
 
 def test_host_weights_wait_in_pinned_memory_and_the_device_holds_8_bits():

@@ -23,7 +23,7 @@ import torch
 
 from .. import __version__
 from ..forms import EXACT_PRIORITY, Form, Precision, check_form_names, create_forms, form_info
-from ..forms.linear import create_linear_forms
+from ..forms.linear import LINEAR_PRIORITY, create_linear_forms
 from ..gate import (
     GateChooser,
     Profile,
@@ -518,7 +518,8 @@ def attach(
     if sparse is not None:
         plan._install_sparse(sparse)
     if linear_set is not None:
-        plan._install_linear(linear_set, LinearGateChooser(chooser, create_linear_forms(), linear_set, floors))
+        candidates = tuple(dict.fromkeys(LINEAR_PRIORITY + tuple(linear_set.forms or ())))  # opt-in forms if named
+        plan._install_linear(linear_set, LinearGateChooser(chooser, create_linear_forms(candidates), linear_set, floors))
     if loaded is not None:
         for v in loaded.verdicts:
             chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")

@@ -67,7 +67,8 @@ def add_bench_parsers(sub) -> None:
                    help="beside each row of a bounded profile (balanced, speed; sparse rows too), the same row with the "
                         "denoiser's linear sites routed (8-bit W8A8 forms, gated per site)")
     m.add_argument("--linear-forms", nargs="+", default=None, metavar="FORM",
-                   help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear)")
+                   help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear; "
+                        "fp8_tensor_linear only when named)")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)

@@ -139,6 +139,12 @@ def quantize_int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(t.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
+def quantize_fp8_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensor-wise e4m3: (values float8_e4m3fn, one scale [1, 1] float32), ``t ≈ values * scale``."""
+    scale = (t.abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE).reshape(1, 1)
+    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
 def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A call's [M, K] input, row-wise: in one Triton launch on a GPU (``kernels.rowwise_quant``: the eager ops
     above move about ten times the bytes), the same numerics through torch ops elsewhere and inside a compiled
@@ -284,11 +290,55 @@ class Int8DynamicLinear(LinearForm):
         return out if bias is None else out + bias
 
 
+class Fp8TensorwiseLinear(Fp8RowwiseLinear):
+    """FP8 e4m3 W8A8 with one scale per tensor: the activation's absmax on every call, the weight's once.
+
+    The recipe of torchao's ``Float8DynamicActivationFloat8WeightConfig`` at its default granularity (PerTensor).
+    A tensor-wise product is cuBLAS's plain FP8 GEMM with two scalars in its epilogue, where row-wise scales take
+    its outer-vector-scaled kernels. On an H100 those ran about 1.47x bf16 in compiled Flux, short of the 2x of
+    the format. e4m3 is a floating-point format, so one scale keeps each element's relative precision down to 2^-6
+    of the absmax / 448 (and subnormals below). Only channels far smaller than the tensor's largest lose digits, which
+    the gate's accuracy floors check per site. Its input's quantization is torch ops (a global absmax, then the cast):
+    eagerly two passes, fused by inductor into the kernel that makes the input. Opt-in (``linear=[...]``), not among
+    the default candidates, until its speed is measured on a GPU.
+    """
+
+    spec = LinearSpec(
+        name="fp8_tensor_linear",
+        precision=Precision.BOUNDED,
+        description="FP8 e4m3 W8A8 linear, one dynamic scale for the activation and one for the weight "
+                    "(torch._scaled_mm, tensor-wise)",
+        devices=frozenset({"cuda", "cpu"}),
+        dtypes=frozenset({"bfloat16", "float16", "float32"}),
+        cuda_dtypes=frozenset({"bfloat16", "float16"}),
+        k_multiple=16,
+        n_multiple=16,
+        min_capability=(8, 9),
+        package="torch",
+        error_bound="each operand element within 2^-4 of its value (relative) or 2^-10 of its tensor's scale "
+                    "(absolute); the product summed in float32",
+    )
+    quantizer = staticmethod(quantize_fp8_tensor)
+
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_fp8_tensor(x)
+
+    def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        fused_bias = bias if bias is not None and bias.dtype == dtype else None
+        out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
+                               out_dtype=dtype)
+        return out if bias is None or fused_bias is not None else out + bias
+
+
 # The documented order of linear forms for a plan that does not measure (``attach(..., linear=..., measure=False)``):
 # FP8 first where the GPU has it (twice the dense rate on Hopper, and the format torchao's row-wise recipe uses).
 LINEAR_PRIORITY: tuple[str, ...] = ("fp8_linear", "int8_linear")
+# Forms a plan measures only when named (``linear=[...]``, ``LinearSetting(forms=...)``, ``--linear-forms``).
+LINEAR_OPT_IN: tuple[str, ...] = ("fp8_tensor_linear",)
 
-_LINEAR_CLASSES: dict[str, type[LinearForm]] = {cls.spec.name: cls for cls in (Fp8RowwiseLinear, Int8DynamicLinear)}
+_LINEAR_CLASSES: dict[str, type[LinearForm]] = {
+    cls.spec.name: cls for cls in (Fp8RowwiseLinear, Int8DynamicLinear, Fp8TensorwiseLinear)}
 
 
 class UnknownLinearFormError(ValueError):
@@ -300,11 +350,12 @@ def check_linear_form_names(names) -> tuple[str, ...]:
     unknown = [n for n in names if n not in _LINEAR_CLASSES]
     if unknown:
         raise UnknownLinearFormError(f"unknown linear form name(s) {unknown}; known linear forms: "
-                                     f"{', '.join(LINEAR_PRIORITY)}")
+                                     f"{', '.join(LINEAR_PRIORITY + LINEAR_OPT_IN)}")
     return names
 
 
 def create_linear_forms(names=None) -> dict[str, LinearForm]:
-    """Fresh linear form instances, by name, in the documented order (all of them when ``names`` is None)."""
+    """Fresh linear form instances, by name, in the documented order (the default candidates, ``LINEAR_PRIORITY``,
+    when ``names`` is None)."""
     wanted = check_linear_form_names(names) if names is not None else LINEAR_PRIORITY
     return {name: _LINEAR_CLASSES[name]() for name in wanted}
