@@ -151,6 +151,18 @@ def test_a_plan_for_a_compiled_model_times_a_linear_form_by_its_product_alone(mo
     assert compiled_quantized < eager_quantized - LENIENT.rounds * timed
 
 
+def test_a_tensor_wise_form_is_timed_whole_even_for_a_compiled_model():
+    """One scale per tensor cannot fold into the kernel that makes the input (the whole tensor's absmax comes first),
+    so its timing keeps the quantization: the eager key, not the product-alone one."""
+    tiny = Tiny("tiny-wan")
+    plan = _attach(tiny, linear=LinearSetting(forms=("fp8_tensor_linear", "int8_linear"), compiled=True))
+    tiny.forward()
+    variants = {(k.form, k.variant) for k in plan.chooser.book._entries if k.shape_key.startswith("M")}
+    plan.detach()
+    assert ("fp8_tensor_linear", "") in variants and ("int8_linear", "compiled: product alone") in variants
+    assert ("fp8_tensor_linear", "compiled: product alone") not in variants
+
+
 def test_a_receipt_carries_the_linear_verdicts_and_reapplies_them_without_measuring(tmp_path):
     tiny = Tiny("tiny-wan")
     plan = _attach(tiny, linear=True)
@@ -163,6 +175,21 @@ def test_a_receipt_carries_the_linear_verdicts_and_reapplies_them_without_measur
     assert {s.name: s.weights for s in again.report().linear.sites} == settled  # settled at attach
     assert torch.equal(tiny.forward(), routed)
     assert again.chooser.book.timed == 0
+    again.detach()
+
+
+def test_a_receipt_that_chose_an_opt_in_form_reapplies_without_naming_it(tmp_path):
+    tiny = Tiny("tiny-wan")
+    plan = _attach(tiny, linear=["fp8_tensor_linear"])
+    tiny.forward()
+    routed = tiny.forward()
+    settled = {s.name: s.weights for s in plan.report().linear.sites}
+    assert "fp8_tensor_linear" in settled.values()  # else this test shows nothing
+    path = plan.save(tmp_path / "receipt.json")
+    plan.detach()
+    again = ditgate.attach(tiny.model, receipt=path, linear=True, timing_cache=False, progress=False)
+    assert {s.name: s.weights for s in again.report().linear.sites} == settled
+    assert torch.equal(tiny.forward(), routed)
     again.detach()
 
 

@@ -23,7 +23,7 @@ import torch
 
 from .. import __version__
 from ..forms import EXACT_PRIORITY, Form, Precision, check_form_names, create_forms, form_info
-from ..forms.linear import LINEAR_PRIORITY, create_linear_forms
+from ..forms.linear import LINEAR_OPT_IN, LINEAR_PRIORITY, create_linear_forms
 from ..gate import (
     GateChooser,
     Profile,
@@ -144,6 +144,7 @@ class Plan:
         self.linear = LinearPart(setting, chooser.forms if measuring else create_linear_forms(setting.forms),
                                  chooser, self.context, measuring)
         self.linear.install(self.denoisers)
+        make_room([model for _, model in self.denoisers])  # linear routers are per block too (hosts.regional)
         if not measuring:
             self.linear.settle_static()
 
@@ -450,9 +451,9 @@ def attach(
     sparse: a ``SparseSetting``: the block-sparse forms it names become candidates (bounded error, so
         the profile must allow bounded forms), selections follow its pattern and budget schedule, and
         the gate measures them against the host at each self-attention site and shape.
-    linear: route the denoisers' ``nn.Linear`` sites too: True (every linear form), linear form names
-        (``"fp8_linear"``, ``"int8_linear"``) or a ``LinearSetting`` (forms, roles, where the host weights wait,
-        floors). Bounded-error: the profile must allow bounded forms (the quality profile never quantizes a linear).
+    linear: route the denoisers' ``nn.Linear`` sites too: True (the default linear forms), linear form names
+        (``"fp8_linear"``, ``"int8_linear"``, the opt-in ``"fp8_tensor_linear"``) or a ``LinearSetting`` (forms,
+        roles, where the host weights wait, floors). Bounded-error: the profile must allow bounded forms (the quality profile never quantizes a linear).
         Measured, each site keeps the form that wins on its live input (speed timed once per shape key); static
         (``measure=False``), each per-token site takes the first form whose envelope serves it.
     timing_cache: True (the default file, ``gate.cache.default_cache_path()``), a path, or False: timings
@@ -518,7 +519,9 @@ def attach(
     if sparse is not None:
         plan._install_sparse(sparse)
     if linear_set is not None:
-        candidates = tuple(dict.fromkeys(LINEAR_PRIORITY + tuple(linear_set.forms or ())))  # opt-in forms if named
+        named = tuple(linear_set.forms or ()) + tuple(v.form for v in (loaded.verdicts if loaded else ())
+                                                      if v.form in LINEAR_OPT_IN)  # a receipt's choices too
+        candidates = tuple(dict.fromkeys(LINEAR_PRIORITY + named))  # opt-in forms where named
         plan._install_linear(linear_set, LinearGateChooser(chooser, create_linear_forms(candidates), linear_set, floors))
     if loaded is not None:
         for v in loaded.verdicts:

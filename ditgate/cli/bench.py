@@ -196,6 +196,10 @@ def _run_model(args) -> int:
         model = preset.load(args.weights, device, dtype)
     else:
         model = preset.build(device, dtype)
+    if args.compile and "regional" in args.compile and not getattr(model, "_repeated_blocks", None):
+        console.print(f"ditgate bench model: --compile regional: {type(model).__name__} names no _repeated_blocks "
+                      "for compile_repeated_blocks", style="red")
+        return 2
     backends = DEFAULT_BACKENDS if args.backends is None else tuple(args.backends)
     with _progress(console) as prog:
         task = prog.add_task("model", total=None)

@@ -249,9 +249,10 @@ def served_routes(plan: Plan) -> Counter:
 
 def chosen_routes(plan: Plan) -> Counter:
     """How many sites each route was chosen for, by their last verdicts (what a graph traced after calibration
-    calls: the calibrating pass itself ran the host), attention and linear sites apart."""
+    calls: the calibrating pass itself ran the host; a static plan, which has none, by what served), attention and
+    linear sites apart."""
     report = plan.report()
-    chosen = Counter((s.verdicts[-1].form or "host") if s.verdicts else "host" for s in report.sites)
+    chosen = Counter((s.verdicts[-1].form or "host") if s.verdicts else s.serving for s in report.sites)
     if report.linear is not None:
         chosen += Counter(f"linear {s.weights}" for s in report.linear.sites)
     return chosen

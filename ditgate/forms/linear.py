@@ -115,7 +115,7 @@ class QuantizedWeight:
     """What a form keeps on the device in place of a site's host weight."""
 
     data: torch.Tensor  # [N, K] in the form's 8-bit format, row-major (its transpose is the column-major operand)
-    scale: torch.Tensor  # [1, N] float32: one scale per output channel
+    scale: torch.Tensor  # [1, N] float32: one scale per output channel ([1, 1] for a tensor-wise form)
 
     @property
     def nbytes(self) -> int:
@@ -168,12 +168,16 @@ class LinearForm(Probed):
     """One executable implementation of ``F.linear`` for a site's calls, with the weight it keeps in the host's place.
 
     Instances are made per plan (``create_linear_forms``); a form holds nothing per site itself: the router keeps
-    each site's ``QuantizedWeight``. ``quantizer`` turns a [rows, K] tensor into row-wise 8-bit values and scales.
+    each site's ``QuantizedWeight``. ``quantizer`` turns a [rows, K] tensor into 8-bit values and scales (per row,
+    or one per tensor).
     """
 
     spec: LinearSpec
     quantizer: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     fp8: bool  # the activation's format: e4m3 (True) or int8
+    # whether inductor folds the input's quantization into the kernels that make the input (a scale per row needs
+    # only that row), so that a plan for a compiled model may time the product alone
+    quantization_fuses: bool = True
 
     def not_supported_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
         avail = self.availability()
@@ -196,7 +200,7 @@ class LinearForm(Probed):
         return self.product(xq, xs, x.dtype, weight, bias)
 
     def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A call's [M, K] input as row-wise 8-bit values and their [M, 1] scales."""
+        """A call's [M, K] input as 8-bit values and their scales (row-wise here: [M, 1])."""
         return quantize_activation(x, fp8=self.fp8)
 
     def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
@@ -298,9 +302,11 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
     its outer-vector-scaled kernels. On an H100 those ran about 1.47x bf16 in compiled Flux, short of the 2x of
     the format. e4m3 is a floating-point format, so one scale keeps each element's relative precision down to 2^-6
     of the absmax / 448 (and subnormals below). Only channels far smaller than the tensor's largest lose digits, which
-    the gate's accuracy floors check per site. Its input's quantization is torch ops (a global absmax, then the cast):
-    eagerly two passes, fused by inductor into the kernel that makes the input. Opt-in (``linear=[...]``), not among
-    the default candidates, until its speed is measured on a GPU.
+    the gate's accuracy floors check per site. Its input's quantization is torch ops, a global absmax and then the
+    cast: eagerly about six kernels. Inside a graph the absmax must finish over the whole tensor before any element
+    is cast, so the cast is a pass of its own (``quantization_fuses`` is False: a plan for a compiled model times
+    this form with its quantization). Opt-in (``linear=[...]``), not among the default candidates, until its speed
+    is measured on a GPU.
     """
 
     spec = LinearSpec(
@@ -319,6 +325,7 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
                     "(absolute); the product summed in float32",
     )
     quantizer = staticmethod(quantize_fp8_tensor)
+    quantization_fuses = False
 
     def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_fp8_tensor(x)

@@ -60,7 +60,8 @@ LINEAR_FLOORS = MappingProxyType({
 class LinearSetting:
     """``attach(..., linear=LinearSetting(...))``: which linear sites may be served by which linear forms.
 
-    forms: candidate linear forms (None: all, ``forms.linear.LINEAR_PRIORITY``); for a plan that does not measure,
+    forms: candidate linear forms (None: the default ones, ``forms.linear.LINEAR_PRIORITY``; an opt-in form,
+        ``LINEAR_OPT_IN``, only when named); for a plan that does not measure,
         the order in which the first one that serves a site is taken.
     roles: the roles routed (None: every role when measuring, the per-token roles ``TOKEN_ROLES`` when not).
     keep_host: where the host's weight of a quantized site waits for detach: "cpu" (pinned CPU memory; the device
@@ -68,7 +69,8 @@ class LinearSetting:
     min_cosine / max_rel_l2: override the profile's linear floors.
     compiled: the model will run under torch.compile: a form's speed is timed as its 8-bit product alone, on an
         input quantized beforehand, because inductor fuses the input's row-wise quantization into the kernel that
-        produces the input (a norm, a modulation, an activation) and the product is what remains. Eager calls of such a
+        produces the input (a norm, a modulation, an activation) and the product is what remains (a form whose
+        quantization cannot fuse, ``LinearForm.quantization_fuses`` False, is timed whole). Eager calls of such a
         plan still quantize on every call, so use it for the model you compile. Accuracy is checked as always, on
         the whole form.
     """
@@ -185,7 +187,7 @@ class LinearGateChooser:
             def run(form=form, weights=weights) -> torch.Tensor:
                 return site.run_form(form, x, weights)
 
-            compiled = self.setting.compiled
+            compiled = self.setting.compiled and form.quantization_fuses  # else timed whole, as eagerly
             key = TimingKey(name, call.shape_key, COMPILED_TIMING if compiled else "")
             timed = _product(form, x, weights, site.module.bias) if compiled else None
             entrants.append(Entrant(name, form.precision.value, key, run, _same,
