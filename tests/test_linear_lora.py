@@ -114,3 +114,27 @@ def test_a_pipelines_lora_verbs_with_a_plan_attached():
     pipe.unload_lora_weights()
     assert torch.equal(tiny.forward(), quantized)
     plan.detach()
+
+
+@pytest.mark.slow  # ten blocks traced apart by dynamo (aot_eager), twice: 10-20 s
+def test_lora_on_a_quantized_model_under_regional_compilation_past_dynamos_limit():
+    """What a user stacks: attach (linear sites on INT8), load a LoRA, compile_repeated_blocks(fullgraph=True) on a
+    model of more blocks than dynamo's default limit of graphs per code object, unload the LoRA, detach."""
+    import dataclasses
+
+    base = Tiny("tiny-wan").preset
+    tiny = Tiny(dataclasses.replace(base, config=dict(base.config, num_layers=10)))
+    stock = tiny.forward()
+    with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):  # torch's defaults
+        plan = _attach(tiny)
+        quantized = tiny.forward()
+        _load(tiny, 4, "a")
+        eager_lora = tiny.forward()
+        assert not torch.equal(eager_lora, quantized)
+        tiny.model.compile_repeated_blocks(backend="aot_eager", fullgraph=True)
+        assert all(torch.allclose(tiny.forward(), eager_lora, rtol=1e-5, atol=1e-6) for _ in range(2))
+        tiny.model.delete_adapters("a")
+        assert torch.allclose(tiny.forward(), quantized, rtol=1e-5, atol=1e-6)
+        plan.detach()
+        assert torch.allclose(tiny.forward(), stock, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
