@@ -47,6 +47,7 @@ def main() -> None:
         row["scaled_mm"] = ms(lambda: torch._scaled_mm(xq, qw.data.t(), scale_a=xs, scale_b=qw.scale, bias=b,
                                                        out_dtype=torch.bfloat16))
         row["form"] = ms(lambda: form.run(x, qw, b))
+        ref = F.linear(x.float(), w.float(), b.float())
         # the same product with one scale per tensor (cuBLAS's plain FP8 GEMM, no outer-vector scales)
         tensor_form = Fp8TensorwiseLinear()
         tw = tensor_form.quantize(w)
@@ -54,9 +55,8 @@ def main() -> None:
         row["scaled_mm_tensorwise"] = ms(lambda: torch._scaled_mm(xt, tw.data.t(), scale_a=xts, scale_b=tw.scale,
                                                                   bias=b, out_dtype=torch.bfloat16))
         row["quant_tensorwise_torch_ops"] = ms(lambda: quantize_fp8_tensor(x))
-        row["cosine_tensorwise"] = F.cosine_similarity(tensor_form.run(x, tw, b).float().flatten(),
-                                                       F.linear(x.float(), w.float(), b.float()).flatten(), dim=0).item()
-        ref = F.linear(x.float(), w.float(), b.float())
+        row["cosine_tensorwise"] = F.cosine_similarity(tensor_form.run(x, tw, b).float().flatten(), ref.flatten(),
+                                                       dim=0).item()
         out = form.run(x, qw, b).float()
         row["cosine"] = F.cosine_similarity(out.flatten(), ref.flatten(), dim=0).item()
         rows.append(row)

@@ -453,7 +453,8 @@ def attach(
         the gate measures them against the host at each self-attention site and shape.
     linear: route the denoisers' ``nn.Linear`` sites too: True (the default linear forms), linear form names
         (``"fp8_linear"``, ``"int8_linear"``, the opt-in ``"fp8_tensor_linear"``) or a ``LinearSetting`` (forms,
-        roles, where the host weights wait, floors). Bounded-error: the profile must allow bounded forms (the quality profile never quantizes a linear).
+        roles, where the host weights wait, floors). Bounded-error: the profile must allow bounded forms (the quality
+        profile never quantizes a linear).
         Measured, each site keeps the form that wins on its live input (speed timed once per shape key); static
         (``measure=False``), each per-token site takes the first form whose envelope serves it.
     timing_cache: True (the default file, ``gate.cache.default_cache_path()``), a path, or False: timings
@@ -522,7 +523,8 @@ def attach(
         named = tuple(linear_set.forms or ()) + tuple(v.form for v in (loaded.verdicts if loaded else ())
                                                       if v.form in LINEAR_OPT_IN)  # a receipt's choices too
         candidates = tuple(dict.fromkeys(LINEAR_PRIORITY + named))  # opt-in forms where named
-        plan._install_linear(linear_set, LinearGateChooser(chooser, create_linear_forms(candidates), linear_set, floors))
+        linear_chooser = LinearGateChooser(chooser, create_linear_forms(candidates), linear_set, floors)
+        plan._install_linear(linear_set, linear_chooser)
     if loaded is not None:
         for v in loaded.verdicts:
             chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")

@@ -23,8 +23,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import statistics
-from collections import Counter
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 

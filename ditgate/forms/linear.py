@@ -17,6 +17,7 @@ products directly rather than depend on torchao.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from collections.abc import Callable
@@ -245,9 +246,13 @@ class Fp8RowwiseLinear(LinearForm):
     def _probe(self) -> Availability:
         return _probe_op("_scaled_mm")
 
+    def product_dtype(self, xq: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``torch._scaled_mm`` writes: bf16 on CUDA for row-wise scales, whatever the host's dtype."""
+        return torch.bfloat16 if xq.device.type == "cuda" and dtype != torch.bfloat16 else dtype
+
     def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
                 bias: torch.Tensor | None) -> torch.Tensor:
-        out_dtype = torch.bfloat16 if xq.device.type == "cuda" and dtype != torch.bfloat16 else dtype
+        out_dtype = self.product_dtype(xq, dtype)
         fused_bias = bias if bias is not None and bias.dtype == out_dtype else None
         out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
                                out_dtype=out_dtype)
@@ -309,18 +314,11 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
     is measured on a GPU.
     """
 
-    spec = LinearSpec(
+    spec = dataclasses.replace(
+        Fp8RowwiseLinear.spec,
         name="fp8_tensor_linear",
-        precision=Precision.BOUNDED,
         description="FP8 e4m3 W8A8 linear, one dynamic scale for the activation and one for the weight "
                     "(torch._scaled_mm, tensor-wise)",
-        devices=frozenset({"cuda", "cpu"}),
-        dtypes=frozenset({"bfloat16", "float16", "float32"}),
-        cuda_dtypes=frozenset({"bfloat16", "float16"}),
-        k_multiple=16,
-        n_multiple=16,
-        min_capability=(8, 9),
-        package="torch",
         error_bound="each operand element within 2^-4 of its value (relative) or 2^-10 of its tensor's scale "
                     "(absolute); the product summed in float32",
     )
@@ -330,12 +328,9 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
     def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_fp8_tensor(x)
 
-    def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
-                bias: torch.Tensor | None) -> torch.Tensor:
-        fused_bias = bias if bias is not None and bias.dtype == dtype else None
-        out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
-                               out_dtype=dtype)
-        return out if bias is None or fused_bias is not None else out + bias
+    def product_dtype(self, xq: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+        """Tensor-wise scales write the host's dtype itself (fp16 too)."""
+        return dtype
 
 
 # The documented order of linear forms for a plan that does not measure (``attach(..., linear=..., measure=False)``):
