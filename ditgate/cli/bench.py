@@ -232,6 +232,7 @@ def _run_calibration(args) -> int:
     from rich.table import Table
 
     from ..models.presets import get_preset
+    from ..gate.compiles import KernelCompiles
     from .bench_calibration import bench_calibration, write_plot
 
     console = Console(width=max(Console().width, 150))
@@ -258,6 +259,8 @@ def _run_calibration(args) -> int:
         if r.first_call_s:
             console.print(f"{r.row}: first calls (compiles, loads) " + ", ".join(
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.first_call_s.items(), key=lambda kv: -kv[1])))
+        if r.kernel_compiles:
+            console.print(f"{r.row}: {KernelCompiles(**r.kernel_compiles).text()}")
         if r.probe_s:
             console.print(f"{r.row}: measuring {r.measure_s:.2f} s; availability probes (imports) " + ", ".join(
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.probe_s.items(), key=lambda kv: -kv[1])))

@@ -29,6 +29,7 @@ import torch
 
 from .. import attach
 from ..gate import resolve_profile
+from ..gate.compiles import watch_compiles
 from ..models.presets import ModelPreset, get_preset
 from ..sparse.schedule import BudgetSchedule
 from ..sparse.stage import SparseSetting
@@ -56,6 +57,8 @@ class CalibrationRun:
     whole_from_cache: bool = False
     measure_s: float = 0.0  # all of the gate's measuring in the calibrating forward (the contests, and what's around)
     probe_s: dict = dataclasses.field(default_factory=dict)  # form -> its availability probe (imports)
+    # Triton's compiles (built, and loaded from its disk cache) during attach and the calibrating forward
+    kernel_compiles: dict = dataclasses.field(default_factory=dict)
 
 
 def _sync(device: torch.device) -> None:
@@ -79,13 +82,14 @@ def stock_forward_ms(model, inputs: dict, device: torch.device, samples: int = 3
 def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile, sparse: SparseSetting | None,
                    timing_cache, stock_ms: float) -> CalibrationRun:
     _sync(device)
-    t0 = time.perf_counter()
-    plan = attach(model, profile=profile, sparse=sparse, timing_cache=timing_cache, progress=False)
-    attach_s = time.perf_counter() - t0
-    with torch.no_grad():
-        model(**inputs)
-    _sync(device)
-    seconds = time.perf_counter() - t0
+    with watch_compiles() as compiles:
+        t0 = time.perf_counter()
+        plan = attach(model, profile=profile, sparse=sparse, timing_cache=timing_cache, progress=False)
+        attach_s = time.perf_counter() - t0
+        with torch.no_grad():
+            model(**inputs)
+        _sync(device)
+        seconds = time.perf_counter() - t0
     book = plan.chooser.book
     routes = {f"{v.site} @ {v.shape_key}": v.form or "host" for v in plan.chooser.verdicts.values()}
     checks = plan.report().whole_model
@@ -99,7 +103,8 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
     return CalibrationRun(row, seconds, seconds * 1e3 / stock_ms, stock_ms, len(routes), book.timed, book.cache_hits,
                           whole, routes, first, attach_s, {f: round(t, 3) for f, t in book.spent_s.items()},
                           sum(w.seconds for w in checks), any(w.from_cache for w in checks), plan.chooser.spent_s,
-                          {n: round(f.probe_s, 3) for n, f in plan.forms.items() if f.probe_s > 0.005})
+                          {n: round(f.probe_s, 3) for n, f in plan.forms.items() if f.probe_s > 0.005},
+                          dataclasses.asdict(compiles.result()))
 
 
 def _setting(budget: float | None, block: int) -> SparseSetting | None:
