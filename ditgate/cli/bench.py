@@ -88,6 +88,8 @@ def add_bench_parsers(sub) -> None:
                    help="also the per-site gate of before on the same inputs, and the forms each gate chose")
     c.add_argument("--second-process", action="store_true",
                    help="also a new process that attaches with the timing cache the first calibration wrote")
+    c.add_argument("--no-warm-ahead", dest="warm_ahead", action="store_false",
+                   help="make each form's first call one after another, as before (not side by side in threads)")
     _common(c)
     c.set_defaults(func=_run_calibration)
 

@@ -263,6 +263,9 @@ class Form(Probed):
     """
 
     spec: FormSpec
+    # its first call may run in a thread beside other forms' first calls while a contest warms up (``gate.warm``):
+    # True for kernels whose compilers are thread-safe (Triton, prebuilt CUDA extensions, torch's own)
+    warms_in_thread: bool = True
 
     def not_supported_reasons(self, call: AttentionCall, probe: bool = True) -> list[str]:
         """Why this form cannot serve ``call``; ``probe=False``: the declared envelope only, without the availability

@@ -37,6 +37,7 @@ from .profiles import Profile
 from .timing import paired_timing, reps_for, sync, time_once
 from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement,
                       Refusal)
+from . import warm as first_calls
 
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
 SCREEN_SAMPLES = 2
@@ -57,6 +58,8 @@ class Entrant:
     ready: Callable[[], str] = lambda: ""
     # what is timed where it is not ``run`` itself (a linear form in a plan for a compiled model: its product alone)
     timed: Callable[[], torch.Tensor] | None = None
+    # its first call may run in a thread beside the other entrants' first calls (``warm``; ``Form.warms_in_thread``)
+    warms_in_thread: bool = False
 
     @property
     def clock(self) -> Callable[[], torch.Tensor]:
@@ -97,6 +100,7 @@ class _Contest:
         self.live = list(entrants)
         self.accuracy: dict[str, Accuracy] = {}
         self.first_ms: dict[str, float] = {}
+        self.warmed: dict[str, float] = {}  # name -> ms of its first call, made ahead beside the others' (``warm``)
         self.refusals: list[Refusal] = []
         self.measured: list[Measurement] = []
         self._host_ms: float | None = None
@@ -128,7 +132,7 @@ class _Contest:
             out = e.run()
             if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs
                 sync(self.device)
-                self.first_ms[e.name] = (time.perf_counter() - started) * 1e3
+                self.first_ms[e.name] = self.warmed.get(e.name, (time.perf_counter() - started) * 1e3)
             acc = compare(e.to_host(out), self.host_out)
             del out
         except Exception as exc:  # never fail the call: the host's output is already made
@@ -141,6 +145,19 @@ class _Contest:
             self.refuse(e, LESS_ACCURATE, f"rel L2 {acc.rel_l2:.2e} > {self.p.max_call_rel_l2} (cosine {acc.cosine:.6f})")
             return
         self.accuracy[e.name] = acc
+
+    def warm(self) -> None:
+        """The first calls of the entrants the book knows nothing of, side by side (``warm.warm_ahead``): each would
+        be run once here anyway, so this only overlaps their compiles. Entrants not ready stay for the contest to
+        refuse with their reason."""
+        if self.device.type not in first_calls.WARM_DEVICE_TYPES or not self.p.warm_ahead:
+            return
+        calls = [first_calls.WarmCall(e.name, e.run) for e in self.live
+                 if e.warms_in_thread and self.book.get(e.key) is None and not e.ready()]
+        started = time.perf_counter()
+        self.warmed = first_calls.warm_ahead(calls, self.device)
+        for name in self.warmed:  # the wall time of the overlapped first calls, shared among the forms warmed
+            self.book.spend(name, (time.perf_counter() - started) / len(self.warmed))
 
     def _screen_ms(self, fn: Callable[[], object]) -> float:
         """The better of two samples: one sample is what screening affords, the second keeps a single stall of the
@@ -277,6 +294,7 @@ def contest(site: str, shape_key: str, entrants: list[Entrant], host: Callable[[
     nothing here changes what the caller returns."""
     c = _Contest(site, shape_key, entrants, host, host_out, profile, book, device)
     with torch.no_grad():
+        c.warm()
         while c.step():
             pass
     return c.result()

@@ -32,6 +32,8 @@ class Profile:
     screen_margin: float | None = 1.10
     share_timing: bool = True  # False: each site times its forms itself (the per-site gate, for comparison)
     max_call_rel_l2: float | None = None  # a per-call floor on relative L2 beside the cosine (linear sites set it)
+    # a contest's new entrants make their first calls (compiles) side by side in threads before any timing (``warm``)
+    warm_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.min_speedup <= 0:
