@@ -85,14 +85,26 @@ def test_a_form_that_opts_out_is_not_run_in_a_thread(on_cpu):
 
 def test_a_first_call_that_raises_in_its_thread_is_refused_by_the_contest_with_its_reason(on_cpu):
     barrier = threading.Barrier(2)
-    forms = [CompilesOnce("first", barrier), CompilesOnce("second", barrier), FakeForm("broken", raises=True)]
+    broken = FakeForm("broken", raises=True)
+    broken.warms_in_thread = True  # it raises in its thread first, then in the contest's own call
+    forms = [CompilesOnce("first", barrier), CompilesOnce("second", barrier), broken]
     plan = _attach(forms)
     for v in plan.chooser.verdicts.values():
         assert v.form in ("first", "second")
         assert any(r.form == "broken" and r.kind == "raised" and "on purpose" in r.detail for r in v.refusals)
+    assert broken.calls >= 2
 
 
 def test_not_on_cpu_by_default():
     """Triton's interpreter swaps module-wide functions while a kernel runs: no threads where it runs."""
     assert "cpu" not in first_calls.WARM_DEVICE_TYPES
     assert first_calls.warm_ahead([first_calls.WarmCall("alone", lambda: None)], None) == {}
+
+
+def test_only_forms_whose_first_call_compiles_and_that_touch_no_global_state_warm_in_threads():
+    """torch's SDPA forms pin their backend through process-wide flags (``sdpa_kernel``): in threads, two restoring
+    them out of order left the host on another backend (seen on an H100). fa3-fwd's kernels failed in a thread."""
+    from ditgate.forms.registry import create_forms
+
+    threaded = {name for name, form in create_forms().items() if form.warms_in_thread}
+    assert threaded == {"fp8", "int8", "fp8_sparse", "int8_sparse", "block_sparse", "sage"}

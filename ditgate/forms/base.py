@@ -263,9 +263,11 @@ class Form(Probed):
     """
 
     spec: FormSpec
-    # its first call may run in a thread beside other forms' first calls while a contest warms up (``gate.warm``):
-    # True for kernels whose compilers are thread-safe (Triton, prebuilt CUDA extensions, torch's own)
-    warms_in_thread: bool = True
+    # its first call may run in a thread beside other forms' first calls while a contest warms up (``gate.warm``).
+    # Opt-in: only a form whose first call compiles (so that overlapping pays) and that touches no process-wide state
+    # (torch's SDPA forms set the global backend flags through ``sdpa_kernel``; two threads restoring them in the
+    # wrong order leave them changed for the host and the user)
+    warms_in_thread: bool = False
 
     def not_supported_reasons(self, call: AttentionCall, probe: bool = True) -> list[str]:
         """Why this form cannot serve ``call``; ``probe=False``: the declared envelope only, without the availability

@@ -58,7 +58,6 @@ class FlashAttn4(Form):
         equal_head_dims=False,
         package="flash-attn-4",
     )
-    warms_in_thread = False  # its first call compiles through the CuTe DSL, not known to be thread-safe
 
     def __init__(self) -> None:
         super().__init__()

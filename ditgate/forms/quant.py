@@ -38,6 +38,7 @@ _ERROR_BOUND = {
 class _QuantForm(Form):
     qk: str
     sparse: bool
+    warms_in_thread = True  # first calls are Triton compiles (seconds each in a fresh process), no global state
 
     def __init__(self) -> None:
         super().__init__()

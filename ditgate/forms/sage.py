@@ -27,6 +27,7 @@ class SageAttention(Form):
         package="sageattention",
         error_bound="per-call cosine typically >= 0.999 (INT8 per-block QK quantisation)",
     )
+    warms_in_thread = True  # its first call is Triton compiles, no global state
 
     def __init__(self) -> None:
         super().__init__()

@@ -8,8 +8,11 @@ calls at once costs no extra work; it only overlaps their compiles. What follows
 forms, one at a time: nothing timed runs beside anything else.
 
 Only on CUDA: Triton's CPU interpreter swaps module-wide functions while a kernel runs, so two interpreted kernels in
-two threads would see each other's. A form opts out with ``Form.warms_in_thread = False`` (a library whose compiler
-is not known to be thread-safe).
+two threads would see each other's. And only forms that opt in (``Form.warms_in_thread``): ditgate's Triton forms and
+sage. On an H100 two others broke in threads: fa3-fwd's kernels failed with an illegal instruction (TMA descriptor
+715), and torch's SDPA forms, which pin their backend through the process-wide flags of ``sdpa_kernel``, left those
+flags changed when two threads restored them out of order (the host then ran memory-efficient attention, 1.75x
+slower at Wan's cross-attention).
 """
 
 from __future__ import annotations
