@@ -62,7 +62,7 @@ gpu_line() {  # the GPU, its driver and clock, into the stage's folder
 stage_prep() {
     mkdir -p "$CARRY"
     local f
-    for f in .big/*/cu13.part* .whl/*.whl .whl2/*.whl; do
+    for f in .big/*/cu13.part* .whl*/*.whl; do  # .whl, .whl2, or any other .whl* folder carried
         [ -f "$f" ] && cp "$f" "$CARRY/" && echo "carried $f"
     done
     ls "$CARRY"
