@@ -428,3 +428,15 @@ def test_a_form_behind_one_that_fails_here_is_run_and_chosen():
     wrong = [v for v in verdicts if any(r.form == "flaky" and r.kind == "less accurate" for r in v.refusals)]
     assert wrong and all(v.form == "steady" for v in wrong)
     plan.detach()
+
+
+def test_the_hosts_own_calls_are_counted_apart_from_the_contests():
+    """On a GPU the host's call at a site is queued work: it is finished (and counted as the host's) before the
+    contest, whose first synchronisation would otherwise charge it to the first form run there."""
+    tiny = _wan(2)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["sdpa_math"], timing_cache=False)
+    assert plan.chooser.host_s == 0.0
+    tiny.forward()
+    chooser = plan.chooser
+    assert 0.0 < chooser.host_s < chooser.spent_s
+    assert chooser.host_s + sum(chooser.book.spent_s.values()) <= chooser.spent_s

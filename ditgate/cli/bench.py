@@ -263,8 +263,10 @@ def _run_calibration(args) -> int:
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.first_call_s.items(), key=lambda kv: -kv[1])))
         if r.kernel_compiles:
             console.print(f"{r.row}: {KernelCompiles(**r.kernel_compiles).text()}")
+        console.print(f"{r.row}: measuring {r.measure_s:.2f} s, of which the host's own calls at the sites "
+                      f"{r.host_s:.2f} s")
         if r.probe_s:
-            console.print(f"{r.row}: measuring {r.measure_s:.2f} s; availability probes (imports) " + ", ".join(
+            console.print(f"{r.row}: availability probes (imports) " + ", ".join(
                 f"{form} {sec:.2f} s" for form, sec in sorted(r.probe_s.items(), key=lambda kv: -kv[1])))
         if r.contest_s:
             console.print(f"{r.row}: contests per form (first calls, accuracy, timing) " + ", ".join(

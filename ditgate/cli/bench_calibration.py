@@ -59,6 +59,7 @@ class CalibrationRun:
     probe_s: dict = dataclasses.field(default_factory=dict)  # form -> its availability probe (imports)
     # Triton's compiles (built, and loaded from its disk cache) during attach and the calibrating forward
     kernel_compiles: dict = dataclasses.field(default_factory=dict)
+    host_s: float = 0.0  # of ``measure_s``, the host's own calls at the sites measured (their output is returned)
 
 
 def _sync(device: torch.device) -> None:
@@ -104,7 +105,7 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
                           whole, routes, first, attach_s, {f: round(t, 3) for f, t in book.spent_s.items()},
                           sum(w.seconds for w in checks), any(w.from_cache for w in checks), plan.chooser.spent_s,
                           {n: round(f.probe_s, 3) for n, f in plan.forms.items() if f.probe_s > 0.005},
-                          dataclasses.asdict(compiles.result()))
+                          dataclasses.asdict(compiles.result()), round(plan.chooser.host_s, 4))
 
 
 def _warming(profile: str, warm_ahead: bool):
