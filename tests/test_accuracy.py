@@ -58,3 +58,15 @@ def test_identical_outputs_and_a_zero_reference(small_slices):
 def test_shapes_must_match():
     with pytest.raises(ValueError, match="differs from the host's"):
         accuracy.compare(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+def test_a_host_output_that_is_not_finite_passes_no_form(small_slices):
+    ref = torch.randn(3000)
+    ref[2500] = float("inf")
+    got = accuracy.compare(torch.randn(3000), ref)
+    assert not got.finite
+
+
+def test_empty_outputs_are_an_error():
+    with pytest.raises(ValueError, match="empty"):
+        accuracy.compare(torch.zeros(0, 4), torch.zeros(0, 4))

@@ -9,6 +9,7 @@ import dataclasses
 import threading
 
 import pytest
+import torch
 
 import ditgate
 from ditgate.gate import warm as first_calls
@@ -48,7 +49,9 @@ def _attach(forms, profile=LENIENT):
 
 @pytest.fixture
 def on_cpu(monkeypatch):
+    """Threads on the CPU for these torch-only forms (conftest's TRITON_INTERPRET=1 would forbid them)."""
     monkeypatch.setattr(first_calls, "WARM_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(first_calls, "allowed_on", lambda device: device.type in first_calls.WARM_DEVICE_TYPES)
 
 
 def test_first_calls_run_side_by_side_and_the_contest_then_decides_as_before(on_cpu):
@@ -96,9 +99,33 @@ def test_a_first_call_that_raises_in_its_thread_is_refused_by_the_contest_with_i
 
 
 def test_not_on_cpu_by_default():
-    """Triton's interpreter swaps module-wide functions while a kernel runs: no threads where it runs."""
+    """Triton's interpreter swaps module-wide functions while a kernel runs: no threads where it runs. Without the
+    fixture, the same first calls that met at the barrier run one after another and cannot meet."""
     assert "cpu" not in first_calls.WARM_DEVICE_TYPES
-    assert first_calls.warm_ahead([first_calls.WarmCall("alone", lambda: None)], None) == {}
+    barrier = threading.Barrier(len(NAMES))
+    plan = _attach([CompilesOnce(n, barrier) for n in NAMES])
+    first_site = next(iter(plan.chooser.verdicts.values()))
+    assert first_site.form is None
+    assert {r.form for r in first_site.refusals if r.kind == "raised"} == set(NAMES)
+
+
+def test_not_under_the_interpreter_on_a_cuda_machine(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert first_calls.allowed_on(cuda)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not first_calls.allowed_on(cuda)
+    assert not first_calls.allowed_on(torch.device("cpu"))
+
+
+def test_warming_ahead_changes_no_saved_whole_model_check_and_profiles_load_keys_they_do_not_know():
+    from ditgate.gate.profiles import Profile
+
+    d = LENIENT.to_dict()
+    assert d["warm_ahead"] is True and Profile.from_dict(d) == LENIENT
+    assert Profile.from_dict({**d, "a_later_field": 3}) == LENIENT
+    old = {k: v for k, v in d.items() if k != "warm_ahead"}  # a receipt from before the field
+    assert Profile.from_dict(old) == LENIENT
 
 
 def test_only_forms_whose_first_call_compiles_and_that_touch_no_global_state_warm_in_threads():

@@ -21,11 +21,14 @@ CHUNK = 1 << 22  # elements per float64 slice: a few tens of MiB of temporaries 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> Accuracy:
     """The three measures over every element, in float64, a slice at a time: the sums are exact enough in float64,
-    and temporaries stay small. Whole-tensor float64 copies of a HunyuanVideo attention output (207M elements) are
-    6-7 GB beside a 26 GB model, which the allocator must find at every site a contest checks. One host
-    synchronisation at the end."""
+    and the float64 temporaries stay a slice's (a non-contiguous output is copied once in its own dtype to be
+    sliced). Whole-tensor float64 copies of a HunyuanVideo attention output (207M elements) are 6-7 GB beside a
+    26 GB model, which the allocator must find at every site a contest checks. One host synchronisation at the end.
+    Not finite when either output holds a NaN or an infinity: a host output that does passes no form."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from the host's {tuple(ref.shape)}")
+    if out.numel() == 0:
+        raise ValueError("empty outputs: nothing to compare")
     a_all, b_all = out.detach().reshape(-1), ref.detach().reshape(-1)
     zero = torch.zeros((), dtype=torch.float64, device=a_all.device)
     dot, na2, nb2, d2 = zero.clone(), zero.clone(), zero.clone(), zero.clone()
@@ -35,7 +38,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> Accuracy:
     for start in range(0, a_all.numel(), CHUNK):
         a = a_all[start:start + CHUNK].double()
         b = b_all[start:start + CHUNK].double()
-        finite &= torch.isfinite(a).all()
+        finite &= torch.isfinite(a).all() & torch.isfinite(b).all()
         dot += a @ b
         na2 += a @ a
         nb2 += b @ b

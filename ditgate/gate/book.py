@@ -48,7 +48,9 @@ class BookTiming:
     peak_bytes: int = 0  # memory is a property of the shape too: measured with the paired rounds
     resident_bytes: int = 0
     site: str = ""  # the site it was timed at
-    first_ms: float = 0.0  # the form's first call at this key (compiles, loads, autotuning): what warming it cost
+    # the form's first call at this key (compiles, loads, autotuning): what warming it cost; where first calls ran
+    # side by side (``gate.warm``), its own wall time in that overlap
+    first_ms: float = 0.0
     from_cache: bool = False
 
     @classmethod

@@ -36,6 +36,8 @@ class KernelCompiles:
 
 
 class _Tally:
+    """The listener's running counts: Triton may compile in several threads at once (``gate.warm``), hence the lock."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.compiled = self.loaded = 0

@@ -150,14 +150,15 @@ class _Contest:
         """The first calls of the entrants the book knows nothing of, side by side (``warm.warm_ahead``): each would
         be run once here anyway, so this only overlaps their compiles. Entrants not ready stay for the contest to
         refuse with their reason."""
-        if self.device.type not in first_calls.WARM_DEVICE_TYPES or not self.p.warm_ahead:
+        if not self.p.warm_ahead or not first_calls.allowed_on(self.device):
             return
+        started = time.perf_counter()  # their probes (imports, in ``ready``) count as theirs, as in the contest
         calls = [first_calls.WarmCall(e.name, e.run) for e in self.live
                  if e.warms_in_thread and self.book.get(e.key) is None and not e.ready()]
-        started = time.perf_counter()
         self.warmed = first_calls.warm_ahead(calls, self.device)
-        for name in self.warmed:  # the wall time of the overlapped first calls, shared among the forms warmed
-            self.book.spend(name, (time.perf_counter() - started) / len(self.warmed))
+        if self.warmed:  # the wall time, shared among the forms that ran (those that raised too)
+            for call in calls:
+                self.book.spend(call.name, (time.perf_counter() - started) / len(calls))
 
     def _screen_ms(self, fn: Callable[[], object]) -> float:
         """The better of two samples: one sample is what screening affords, the second keeps a single stall of the

@@ -17,6 +17,7 @@ slower at Wan's cross-attention).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +37,14 @@ class WarmCall:
     run: Callable[[], torch.Tensor]
 
 
-def _first_call(call: WarmCall, device: torch.device) -> tuple[str, float, str]:
+def _first_call(call: WarmCall, device: torch.device, stream) -> tuple[str, float, str]:
+    """One first call in a worker thread: (name, milliseconds, why it raised or ""). On the caller's CUDA stream,
+    since a thread starts on the default stream: the inputs were written on the caller's, and workspaces first
+    allocated here are used there afterwards."""
     started = time.perf_counter()
     try:
         if device.type == "cuda":
-            with torch.cuda.device(device), torch.no_grad():
+            with torch.cuda.device(device), torch.cuda.stream(stream), torch.no_grad():
                 call.run()
                 torch.cuda.synchronize(device)
         else:
@@ -51,12 +55,19 @@ def _first_call(call: WarmCall, device: torch.device) -> tuple[str, float, str]:
     return call.name, (time.perf_counter() - started) * 1e3, ""
 
 
+def allowed_on(device: torch.device) -> bool:
+    """Whether first calls may run in threads on ``device``: a device type in ``WARM_DEVICE_TYPES`` and no Triton
+    interpreter (``TRITON_INTERPRET=1`` on a CUDA machine runs the kernels in Python too)."""
+    return device.type in WARM_DEVICE_TYPES and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def warm_ahead(calls: Sequence[WarmCall], device: torch.device) -> dict[str, float]:
     """Each call once, all at the same time (one thread each, at most ``MAX_THREADS``): name -> milliseconds its
     first call took, overlapped with the others'. Raising calls are left out (the contest runs them again and
     refuses them with the reason). Nothing is returned for fewer than two calls: there is nothing to overlap."""
     if len(calls) < 2:
         return {}
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     with ThreadPoolExecutor(max_workers=min(MAX_THREADS, len(calls)), thread_name_prefix="ditgate-warm") as pool:
-        done = list(pool.map(lambda c: _first_call(c, device), calls))
+        done = list(pool.map(lambda c: _first_call(c, device, stream), calls))
     return {name: ms for name, ms, error in done if not error}
