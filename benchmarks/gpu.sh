@@ -23,7 +23,8 @@
 #   sparse    benchmarks/sparse_attention.py: the sparse forms against fa4 and cuDNN on activations captured
 #             from the model classes, per preset in $SPARSE_MODELS
 #   calibration  ditgate bench calibration: seconds and stock forwards per profile, the timing cache's second
-#             process, per "preset:blocks" in $CALIBRATION (and the per-site gate beside it for $PER_SITE)
+#             process (SECOND_PROCESS=" " leaves it out, for a model whose build takes minutes), per "preset:blocks"
+#             in $CALIBRATION (and the per-site gate beside it for $PER_SITE)
 #   compiled  ditgate bench model with linear forms and torch.compile rows, per "preset:blocks" in $COMPILED, $ROUNDS rounds
 #             ($COMPILED_ARGS replaces the rows asked for, e.g. "--profiles speed --compile default reduce-overhead")
 #   linear    benchmarks/linear_parts.py: the FP8 linear forms' parts (quantization, row-wise and tensor-wise
@@ -162,7 +163,7 @@ stage_calibration() {  # the gate's cost on full models; the per-site gate besid
         preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
         echo "== $preset${blocks:+, $blocks blocks}: quality, speed, speed with sparse 0.3; a second process"
         timeout "$EACH" python3 -m ditgate.cli.main bench calibration --preset "$preset" ${blocks:+--layers "$blocks"} \
-            $CALIBRATION_ARGS --second-process --out "$dir" 2>&1 | quiet | tail -16
+            $CALIBRATION_ARGS ${SECOND_PROCESS:---second-process} --out "$dir" 2>&1 | quiet | tail -16
     done
     for item in $PER_SITE; do
         preset=${item%%:*}; blocks=${item#*:}; [ "$blocks" = "$item" ] && blocks=""
