@@ -233,8 +233,8 @@ def _run_calibration(args) -> int:
 
     from rich.table import Table
 
-    from ..models.presets import get_preset
     from ..gate.compiles import KernelCompiles
+    from ..models.presets import get_preset
     from .bench_calibration import bench_calibration, write_plot
 
     console = Console(width=max(Console().width, 150))

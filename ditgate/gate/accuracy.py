@@ -54,7 +54,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> Accuracy:
     denom = na * nb
     cosine = dot / denom if denom > 0 else (1.0 if na == nb else 0.0)
     rel = math.sqrt(d2) / nb if nb > 0 else float(d2 > 0)
-    mse = d2 / max(a_all.numel(), 1)
+    mse = d2 / a_all.numel()
     span = bmax - bmin
     psnr = float("inf") if mse == 0 else (10 * math.log10(span * span / mse) if span > 0 else float("-inf"))
     return Accuracy(cosine=cosine, rel_l2=rel, psnr_db=psnr, finite=True)

@@ -104,11 +104,7 @@ class GateChooser:
                 host: Callable[[], torch.Tensor], to_host: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         started = time.perf_counter()
         with torch.no_grad():
-            host_out = host()
-            # the host's work finishes here, so that the contest's first synchronisation does not charge it to the
-            # first form it runs (at HunyuanVideo's 67576 tokens a host call is a tenth of a second or more)
-            sync(inputs.query.device)
-            self.host_s += time.perf_counter() - started
+            host_out = self.call_host(host, inputs.query.device)
             if self.budget_spent:
                 verdict = self._after_budget(site.name, call.shape_key)
             else:
@@ -118,6 +114,16 @@ class GateChooser:
             verdict = self.agreement.verdict(site.module_path, verdict)
         self.record(verdict)
         return host_out
+
+    def call_host(self, host: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+        """The host's call at a site being measured, finished and counted in ``host_s``: so that the contest's first
+        synchronisation does not charge it to the first form it runs (at HunyuanVideo's 67576 tokens a host call is a
+        tenth of a second or more)."""
+        started = time.perf_counter()
+        out = host()
+        sync(device)
+        self.host_s += time.perf_counter() - started
+        return out
 
     def record(self, verdict: Verdict) -> None:
         """Keep a verdict made at a site (attention or linear), log it and tell the progress display."""

@@ -72,7 +72,7 @@ def watch_compiles() -> Iterator[_Tally]:
         try:
             from triton import knobs
         except ImportError:
-            knobs = None
+            pass
     if knobs is None or not hasattr(knobs.compilation, "listener"):
         yield tally
         return

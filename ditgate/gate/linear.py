@@ -33,7 +33,6 @@ from .book import TimingBook, TimingKey
 from .chooser import GateChooser
 from .contest import Entrant, contest
 from .profiles import Profile
-from .timing import sync
 from .verdict import NOT_ALLOWED, RAISED, UNAVAILABLE, UNSUPPORTED, Refusal, Verdict
 
 
@@ -148,9 +147,7 @@ class LinearGateChooser:
             def host() -> torch.Tensor:
                 return F.linear(x, weight, bias)
 
-            host_out = host()
-            sync(x.device)  # the host's work is the host's, not the first form's (``GateChooser.measure``)
-            self.gate.host_s += time.perf_counter() - started
+            host_out = self.gate.call_host(host, x.device)
             if self.gate.budget_spent:
                 verdict = self.gate._after_budget(site.name, call.shape_key)
             else:
