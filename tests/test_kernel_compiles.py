@@ -16,7 +16,8 @@ CHILD = textwrap.dedent("""
     import triton.language as tl
     from triton import knobs
     from ditgate.gate.compiles import watch_compiles
-    from ditgate.kernels.same_code import compiled_for_hopper, launches_of
+    from ditgate.kernels.launches import launches_of
+    from ditgate.kernels.same_code import compiled_for_hopper
 
     @triton.jit
     def scale_rows(X, OUT, n, BLOCK: tl.constexpr):

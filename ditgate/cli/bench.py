@@ -90,6 +90,9 @@ def add_bench_parsers(sub) -> None:
                    help="also a new process that attaches with the timing cache the first calibration wrote")
     c.add_argument("--no-warm-ahead", dest="warm_ahead", action="store_false",
                    help="make each form's first call one after another, as before (not side by side in threads)")
+    c.add_argument("--no-compile-ahead", dest="compile_ahead", action="store_false",
+                   help="let each form's first call compile its kernels, one after another (not all at once from a "
+                        "dry call before)")
     _common(c)
     c.set_defaults(func=_run_calibration)
 

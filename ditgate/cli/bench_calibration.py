@@ -108,9 +108,12 @@ def calibrate_once(model, inputs: dict, device: torch.device, row: str, profile,
                           dataclasses.asdict(compiles.result()), round(plan.chooser.host_s, 4))
 
 
-def _warming(profile: str, warm_ahead: bool):
-    """The profile, with its first calls made one after another where ``warm_ahead`` is False."""
-    return profile if warm_ahead else dataclasses.replace(resolve_profile(profile), warm_ahead=False)
+def _warming(profile: str, warm_ahead: bool, compile_ahead: bool = True):
+    """The profile, with its first calls made one after another where ``warm_ahead`` is False, and its kernels
+    compiled by those first calls (not all at once ahead) where ``compile_ahead`` is False."""
+    if warm_ahead and compile_ahead:
+        return profile
+    return dataclasses.replace(resolve_profile(profile), warm_ahead=warm_ahead, compile_ahead=compile_ahead)
 
 
 def _setting(budget: float | None, block: int) -> SparseSetting | None:
@@ -137,6 +140,8 @@ def _child_argv(args, row: tuple[str, str, float | None], cache: Path) -> list[s
         argv += ["--layers", str(args.layers)]
     if not args.warm_ahead:
         argv.append("--no-warm-ahead")
+    if not args.compile_ahead:
+        argv.append("--no-compile-ahead")
     if args.device:
         argv += ["--device", args.device]
     if args.dtype:
@@ -153,7 +158,7 @@ def bench_calibration(preset: ModelPreset, device: torch.device, dtype: torch.dt
     caches: dict[str, Path] = {}
     comparisons: list[dict] = []
     for name, profile, budget in _rows(args.profiles, args.sparse):
-        profile = _warming(profile, args.warm_ahead)
+        profile = _warming(profile, args.warm_ahead, args.compile_ahead)
         sparse = _setting(budget, args.sparse_block)
         cache = caches[name] = out / f"timings-{name.replace(' ', '-')}.json"
         cache.unlink(missing_ok=True)
@@ -195,6 +200,7 @@ def _child(argv: list[str]) -> int:
     p.add_argument("--sparse-block", type=int, default=128)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--no-warm-ahead", dest="warm_ahead", action="store_false")
+    p.add_argument("--no-compile-ahead", dest="compile_ahead", action="store_false")
     args = p.parse_args(argv)
     from .bench import _setup
 
@@ -205,7 +211,8 @@ def _child(argv: list[str]) -> int:
     model = preset.build(device, dtype)
     inputs = preset.inputs(model, device, dtype, seed=CALIBRATION_SEED)
     stock_ms = stock_forward_ms(model, inputs, device)
-    run = calibrate_once(model, inputs, device, f"{args.row} (second process)", _warming(args.profile, args.warm_ahead),
+    profile = _warming(args.profile, args.warm_ahead, args.compile_ahead)
+    run = calibrate_once(model, inputs, device, f"{args.row} (second process)", profile,
                          _setting(args.sparse, args.sparse_block), Path(args.cache), stock_ms)
     print(json.dumps(dataclasses.asdict(run)))
     return 0

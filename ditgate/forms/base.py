@@ -268,6 +268,10 @@ class Form(Probed):
     # (torch's SDPA forms set the global backend flags through ``sdpa_kernel``; two threads restoring them in the
     # wrong order leave them changed for the host and the user)
     warms_in_thread: bool = False
+    # its first call may be made once with Triton's launches recorded, not run, so that its kernels compile beside
+    # every other's before the real first call (``gate.compile_ahead``). Opt-in: only a form whose Python reads no
+    # value its own kernels wrote (their outputs hold garbage in that call)
+    compiles_ahead: bool = False
 
     def not_supported_reasons(self, call: AttentionCall, probe: bool = True) -> list[str]:
         """Why this form cannot serve ``call``; ``probe=False``: the declared envelope only, without the availability

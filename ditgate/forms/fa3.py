@@ -151,6 +151,9 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         error_bound="e4m3 Q, K, V with one scale per (batch, kv head), K less its mean, FA3's FP8 P.V: "
                     "cosine per call below the bf16 kernels' (the gate measures each site)",
     )
+    # its quantization (Triton) compiles ahead: nothing it reads back; FA3's kernel then runs once on that call's
+    # unwritten copies (it is not run in a thread: fa3-fwd failed there on an H100)
+    compiles_ahead = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -179,6 +179,8 @@ class LinearForm(Probed):
     # whether inductor folds the input's quantization into the kernels that make the input (a scale per row needs
     # only that row), so that a plan for a compiled model may time the product alone
     quantization_fuses: bool = True
+    # its input's quantization kernel may compile before its first call (``gate.compile_ahead``): reads nothing back
+    compiles_ahead: bool = True
 
     def not_supported_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
         avail = self.availability()

@@ -39,6 +39,7 @@ class _QuantForm(Form):
     qk: str
     sparse: bool
     warms_in_thread = True  # first calls are Triton compiles (seconds each in a fresh process), no global state
+    compiles_ahead = True  # reads nothing its kernels write (the selection's counts come from the layout)
 
     def __init__(self) -> None:
         super().__init__()

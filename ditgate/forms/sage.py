@@ -28,6 +28,7 @@ class SageAttention(Form):
         error_bound="per-call cosine typically >= 0.999 (INT8 per-block QK quantisation)",
     )
     warms_in_thread = True  # its first call is Triton compiles, no global state
+    compiles_ahead = True  # reads nothing its kernels write
 
     def __init__(self) -> None:
         super().__init__()

@@ -205,7 +205,8 @@ class GateChooser:
             key = TimingKey(name, call.shape_key, self._variant(site, form, call, form_call))
             entrants.append(Entrant(name, form.precision.value, key, run, to_host, form.resident_bytes,
                                     ready=lambda name=name, c=form_call: "; ".join(site.usable(name, c)),
-                                    warms_in_thread=form.warms_in_thread and not form.spec.compiles_per_shape))
+                                    warms_in_thread=form.warms_in_thread and not form.spec.compiles_per_shape,
+                                    compiles_ahead=form.compiles_ahead and not form.spec.compiles_per_shape))
         book = self.book if self.profile.share_timing else TimingBook()
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book,
                          inputs.query.device)

@@ -38,6 +38,7 @@ from .timing import paired_timing, reps_for, sync, time_once
 from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement,
                       Refusal)
 from . import warm as first_calls
+from .compile_ahead import compile_ahead
 
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
 SCREEN_SAMPLES = 2
@@ -60,6 +61,8 @@ class Entrant:
     timed: Callable[[], torch.Tensor] | None = None
     # its first call may run in a thread beside the other entrants' first calls (``warm``; ``Form.warms_in_thread``)
     warms_in_thread: bool = False
+    # its first call may be made once dry, its kernels compiled beside the others' (``compile_ahead``)
+    compiles_ahead: bool = False
 
     @property
     def clock(self) -> Callable[[], torch.Tensor]:
@@ -101,6 +104,7 @@ class _Contest:
         self.accuracy: dict[str, Accuracy] = {}
         self.first_ms: dict[str, float] = {}
         self.warmed: dict[str, float] = {}  # name -> ms of its first call, made ahead beside the others' (``warm``)
+        self.ahead_ms: dict[str, float] = {}  # name -> ms of the compile-ahead step its kernels compiled in
         self.refusals: list[Refusal] = []
         self.measured: list[Measurement] = []
         self._host_ms: float | None = None
@@ -132,7 +136,8 @@ class _Contest:
             out = e.run()
             if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs
                 sync(self.device)
-                self.first_ms[e.name] = self.warmed.get(e.name, (time.perf_counter() - started) * 1e3)
+                self.first_ms[e.name] = self.warmed.get(e.name, (time.perf_counter() - started) * 1e3
+                                                        + self.ahead_ms.get(e.name, 0.0))
             acc = compare(e.to_host(out), self.host_out)
             del out
         except Exception as exc:  # never fail the call: the host's output is already made
@@ -147,18 +152,27 @@ class _Contest:
         self.accuracy[e.name] = acc
 
     def warm(self) -> None:
-        """The first calls of the entrants the book knows nothing of, side by side (``warm.warm_ahead``): each would
-        be run once here anyway, so this only overlaps their compiles. Entrants not ready stay for the contest to
-        refuse with their reason."""
+        """The first calls of the entrants the book knows nothing of, made ahead: each would be run once here anyway.
+        First the kernels of those that opt in compile all at once from a dry call (``compile_ahead``), then the
+        first calls of those that may run in threads go side by side (``warm.warm_ahead``); a form whose kernels
+        compiled ahead makes its first call in the contest, where it now costs a call. Entrants not ready stay for
+        the contest to refuse with their reason."""
         if not self.p.warm_ahead or not first_calls.allowed_on(self.device):
             return
         started = time.perf_counter()  # their probes (imports, in ``ready``) count as theirs, as in the contest
-        calls = [first_calls.WarmCall(e.name, e.run) for e in self.live
-                 if e.warms_in_thread and self.book.get(e.key) is None and not e.ready()]
+        fresh = [e for e in self.live if (e.warms_in_thread or e.compiles_ahead and self.p.compile_ahead)
+                 and self.book.get(e.key) is None and not e.ready()]
+        ahead = compile_ahead([first_calls.WarmCall(e.name, e.run) for e in fresh if e.compiles_ahead]
+                              if self.p.compile_ahead else [], self.device)
+        threaded = time.perf_counter()
+        for name in ahead.names:  # the step's wall time (probes included) is part of each one's first call, shared
+            self.ahead_ms[name] = (threaded - started) * 1e3
+            self.book.spend(name, (threaded - started) / len(ahead.names))
+        calls = [first_calls.WarmCall(e.name, e.run) for e in fresh if e.warms_in_thread and e.name not in ahead.names]
         self.warmed = first_calls.warm_ahead(calls, self.device)
         if self.warmed:  # the wall time, shared among the forms that ran (those that raised too)
             for call in calls:
-                self.book.spend(call.name, (time.perf_counter() - started) / len(calls))
+                self.book.spend(call.name, (time.perf_counter() - threaded) / len(calls))
 
     def _screen_ms(self, fn: Callable[[], object]) -> float:
         """The better of two samples: one sample is what screening affords, the second keeps a single stall of the

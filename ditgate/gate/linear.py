@@ -191,7 +191,8 @@ class LinearGateChooser:
             key = TimingKey(name, call.shape_key, COMPILED_TIMING if compiled else "")
             timed = _product(form, x, weights, site.module.bias) if compiled else None
             entrants.append(Entrant(name, form.precision.value, key, run, _same,
-                                    lambda weights=weights: weights.nbytes, timed=timed))
+                                    lambda weights=weights: weights.nbytes, timed=timed,
+                                    compiles_ahead=form.compiles_ahead))
         book = self.gate.book if self.profile.share_timing else TimingBook()
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book, x.device)
         if book is not self.gate.book:

@@ -85,7 +85,7 @@ def check_key(model: torch.nn.Module, args: tuple, kwargs: dict, profile: Profil
         "args": _signature(list(args)),
         "kwargs": _signature(kwargs),
         # how calibration warms its forms up changes no rule a check is judged by
-        "profile": {k: v for k, v in profile.to_dict().items() if k != "warm_ahead"},
+        "profile": {k: v for k, v in profile.to_dict().items() if k not in ("warm_ahead", "compile_ahead")},
         "sparse": sparse,
         "routes": sorted(f"{v.site} @ {v.shape_key} -> {v.form}" for v in routes),
     }

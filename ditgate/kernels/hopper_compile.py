@@ -29,7 +29,8 @@ import torch
 
 from . import hopper_attention as ha
 from .quant_attention import Quantized
-from .same_code import nvidia_tool, compiled_for_hopper, launches_of
+from .launches import launches_of
+from .same_code import nvidia_tool, compiled_for_hopper
 
 HOPPER_SMEM = 232448  # bytes of shared memory one block may use on sm_90
 

@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .launches import launches_of
+
 SEQ, HEADS = 1000, 2  # a short head: a masked tail block, a partial last query block
 
 
@@ -83,24 +85,6 @@ def _default_calls():
 
         calls.append((f"selection {n_m} x {n} tiles", choose))
     return calls
-
-
-def launches_of(call) -> list[tuple]:
-    """The kernel launches ``call`` makes, as (kernel, args, kwargs), none of them run (no GPU needed)."""
-    from triton.runtime.jit import JITFunction
-
-    launches = []
-
-    def record(self, *args, grid, warmup, **kwargs):
-        launches.append((self, args, kwargs))
-
-    run = JITFunction.run
-    JITFunction.run = record
-    try:
-        call()
-    finally:
-        JITFunction.run = run
-    return launches
 
 
 def compiled_for_hopper(fn, args: tuple, kwargs: dict):
@@ -187,7 +171,8 @@ def compare(ref: str, keep: str | None = None) -> bool:
         old_root.mkdir()
         archive = subprocess.run(["git", "archive", ref, "ditgate"], cwd=here, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old_root)], input=archive, check=True)
-        shutil.copy(__file__, old_root / "ditgate" / "kernels" / "same_code.py")
+        for helper in ("same_code.py", "launches.py"):  # the recording of launches may be newer than REF
+            shutil.copy(Path(__file__).with_name(helper), old_root / "ditgate" / "kernels" / helper)
         old, new = _side(old_root, f"{tmp}/old.json"), _side(here, f"{tmp}/new.json")
     same = old.keys() == new.keys()
     for key in sorted(old.keys() | new.keys()):

@@ -1,0 +1,198 @@
+"""Kernels compiled all at once from a dry first call (``gate.compile_ahead``, ``kernels.launches``).
+
+The compiling half needs no GPU: a child process without ``TRITON_INTERPRET`` (which conftest sets, and under which
+Triton's kernels are not JIT functions at all) stands a Triton driver for a Hopper GPU that is not there, records the
+launches of ditgate's FP8 attention (its three quantization passes, then the Gluon kernel) on CPU tensors, and
+compiles them for sm_90 in two threads. The contest's half runs in this process on torch-only forms."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import ditgate
+from ditgate.gate import warm as first_calls
+from ditgate.kernels import launches as launch_records
+from ditgate.models.presets import get_preset
+
+from .helpers import FakeForm, Tiny
+
+HOPPER = textwrap.dedent("""
+    import json, threading
+    import torch
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class Hopper:
+        '''Enough of Triton's CUDA driver to specialize and compile launches for sm_90, none to run them.'''
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+        def get_current_device(self):
+            return 0
+        def get_current_stream(self, device=None):
+            return 0
+
+    driver.set_active(Hopper())
+    compiles = []
+    knobs.compilation.listener = lambda **kw: compiles.append(
+        {"thread": threading.current_thread().name, "hit": kw["cache_hit"], "kernel": kw["src"].fn.__name__})
+""")
+
+COMPILE_ALL = HOPPER + textwrap.dedent("""
+    from ditgate.gate.compile_ahead import compile_launches
+    from ditgate.kernels import hopper_attention as ha, hopper_compile as hc
+    from ditgate.kernels.launches import recorded_launches
+
+    def fp8_attention():
+        q, k, v = (torch.empty(1, 1000, 2, 128, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+        ha.quantize_for_schedule(q, k, v, "fp8", 128 ** -0.5)
+        hc.host_launch("fp8", 128, False, 2).run()
+
+    with recorded_launches() as launches:
+        fp8_attention()
+        fp8_attention()  # the same launches again: each kernel compiles once
+    first = compile_launches(launches, workers=2)
+    again = compile_launches(launches, workers=2)  # all in Triton's memory cache now
+    print(json.dumps({"recorded": [l.kernel.fn.__name__ for l in launches], "first": first, "again": again,
+                      "compiles": compiles}))
+""")
+
+THREAD_SCOPED = HOPPER + textwrap.dedent("""
+    from triton.runtime.jit import JITFunction
+    from ditgate.kernels.launches import recorded_launches
+    from ditgate.kernels.rowwise_quant import quantize_rows
+
+    ran = []
+    JITFunction.run = lambda self, *a, grid, warmup, **kw: ran.append(threading.current_thread().name)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    recording, other_done = threading.Event(), threading.Event()
+
+    def other():
+        recording.wait(5)
+        quantize_rows(x, True)  # while the main thread records: this one runs
+        other_done.set()
+
+    thread = threading.Thread(target=other, name="other")
+    thread.start()
+    with recorded_launches() as launches:
+        recording.set()
+        other_done.wait(5)
+        quantize_rows(x, False)
+    thread.join()
+    quantize_rows(x, True)  # after the block: runs again
+    print(json.dumps({"recorded": len(launches), "ran": ran, "restored": JITFunction.run.__name__ == "<lambda>"}))
+""")
+
+
+def _child(tmp_path, script: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a fresh cache: the first compiles really build
+    path = tmp_path / "child.py"  # Triton reads a kernel's source from its file
+    path.write_text(script)
+    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_recorded_launches_of_a_form_compile_for_hopper_in_threads_once_each(tmp_path):
+    got = _child(tmp_path, COMPILE_ALL)
+    kernels = ["_first_pass_kernel", "_kv_scales_kernel", "_quant_kv_kernel", "_hopper_attn_kernel"]
+    assert got["recorded"] == kernels * 2
+    assert got["first"] == len(kernels) and got["again"] == 0
+    built = [c for c in got["compiles"] if not c["hit"]]
+    assert sorted(c["kernel"] for c in built) == sorted(kernels)
+    assert all(c["thread"].startswith("ditgate-compile") for c in got["compiles"]), got["compiles"]
+
+
+def test_recording_is_scoped_to_its_thread_and_restores_triton(tmp_path):
+    got = _child(tmp_path, THREAD_SCOPED)
+    assert got["recorded"] == 1
+    assert got["ran"] == ["other", "MainThread"]
+    assert got["restored"]
+
+
+# --- the contest's side, on torch-only forms ---------------------------------------------------------------------
+
+LENIENT = dataclasses.replace(ditgate.PROFILES["quality"], name="lenient", min_speedup=1e-3, min_whole_ratio=1e-3,
+                              rounds=2)
+
+
+class Dry(FakeForm):
+    """Exact SDPA that notes whether each call was made while its thread recorded launches (a dry call)."""
+
+    def __init__(self, name: str, ahead: bool = True, raises_dry: bool = False) -> None:
+        super().__init__(name)
+        self.compiles_ahead = ahead
+        self.raises_dry = raises_dry
+        self.dry_calls = self.real_calls = 0
+
+    def run(self, inputs):
+        if getattr(launch_records._local, "launches", None) is not None:
+            self.dry_calls += 1
+            if self.raises_dry:
+                raise RuntimeError("fails dry on purpose")
+        else:
+            self.real_calls += 1
+        return super().run(inputs)
+
+
+def _attach(forms, profile=LENIENT):
+    preset = get_preset("tiny-wan")
+    tiny = Tiny(dataclasses.replace(preset, config={**preset.config, "num_layers": 2}))
+    plan = ditgate.attach(tiny.model, profile=profile, forms=[f.name for f in forms], extra_forms=list(forms),
+                          timing_cache=False)
+    tiny.forward()
+    return plan
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(first_calls, "WARM_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(first_calls, "allowed_on", lambda device: device.type in first_calls.WARM_DEVICE_TYPES)
+
+
+def test_forms_that_opt_in_make_one_dry_call_per_key_and_the_contest_decides_as_before(on_cpu):
+    forms = [Dry("first"), Dry("second"), Dry("kept_out", ahead=False)]
+    plan = _attach(forms)
+    keys = {v.shape_key for v in plan.chooser.verdicts.values()}
+    assert forms[0].dry_calls == forms[1].dry_calls == len(keys)
+    assert forms[2].dry_calls == 0
+    assert all(f.real_calls > 0 for f in forms)
+    verdicts = list(plan.chooser.verdicts.values())
+    assert verdicts and all(v.form in ("first", "second", "kept_out") for v in verdicts)
+    first = [m for v in verdicts for m in v.measured if m.timed_at == v.site and not m.from_cache]
+    assert {m.form for m in first} == {"first", "second", "kept_out"} and all(m.first_ms > 0 for m in first)
+    assert launch_records._recorders == 0  # Triton's run is its own again
+
+
+def test_a_dry_call_that_raises_leaves_the_form_to_its_ordinary_first_call(on_cpu):
+    form = Dry("flaky", raises_dry=True)
+    plan = _attach([form, Dry("steady")])
+    assert form.dry_calls >= 1 and form.real_calls > 0
+    assert all(v.form in ("flaky", "steady") for v in plan.chooser.verdicts.values())
+    assert not any(r.form == "flaky" and r.kind == "raised" for v in plan.chooser.verdicts.values()
+                   for r in v.refusals)
+
+
+def test_off_by_profile_and_off_where_first_calls_are_not_made_ahead(on_cpu, monkeypatch):
+    forms = [Dry("first"), Dry("second")]
+    _attach(forms, dataclasses.replace(LENIENT, compile_ahead=False))
+    assert forms[0].dry_calls == forms[1].dry_calls == 0
+    monkeypatch.setattr(first_calls, "WARM_DEVICE_TYPES", ("cuda",))  # the default: not on a CPU
+    forms = [Dry("first"), Dry("second")]
+    _attach(forms)
+    assert forms[0].dry_calls == forms[1].dry_calls == 0
+
+
+def test_the_forms_that_compile_ahead_read_nothing_their_kernels_write():
+    from ditgate.forms.linear import create_linear_forms
+    from ditgate.forms.registry import create_forms
+
+    ahead = {name for name, form in create_forms().items() if form.compiles_ahead}
+    assert ahead == {"fp8", "int8", "fp8_sparse", "int8_sparse", "block_sparse", "sage", "fa3_fp8"}
+    assert all(form.compiles_ahead for form in create_linear_forms().values())
