@@ -34,6 +34,17 @@ def test_bench_presets_lists_each_preset_with_its_class():
     assert "wan-animate-14b-720p-77f" in text and "WanAnimateTransformer3DModel" in text and "tiny-framepack" in text
 
 
+def test_bench_calibration_sparse_only_runs_the_sparse_rows_alone(tmp_path):
+    """``--sparse-only``: the sparse row is the process's first calibration (no dense row compiles its kernels
+    before it); ``--no-compile-ahead`` is accepted beside it."""
+    res = _ditgate("bench", "calibration", "--preset", "tiny-wan", "--profiles", "quality", "balanced", "--sparse",
+                   "0.3", "--sparse-only", "--no-compile-ahead", "--device", "cpu", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = json.loads((tmp_path / "bench-calibration-tiny-wan.json").read_text())["runs"]
+    assert [r["row"] for r in runs] == ["balanced sparse 0.3 (shared)"]  # quality has no sparse row
+    assert runs[0]["sites"] > 0 and runs[0]["forwards"] > 0
+
+
 def test_demo_runs_and_writes_reports(tmp_path):
     res = _ditgate("demo", "--models", "tiny-wan", "tiny-flux", "--out", str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr

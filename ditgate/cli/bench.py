@@ -84,6 +84,8 @@ def add_bench_parsers(sub) -> None:
     c.add_argument("--sparse", type=float, default=None, metavar="BUDGET",
                    help="also each bounded profile with the sparse stage at this budget")
     c.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
+    c.add_argument("--sparse-only", action="store_true",
+                   help="with --sparse, only the sparse rows: the first is then the process's first calibration")
     c.add_argument("--per-site", action="store_true",
                    help="also the per-site gate of before on the same inputs, and the forms each gate chose")
     c.add_argument("--second-process", action="store_true",

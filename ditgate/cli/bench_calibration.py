@@ -122,8 +122,10 @@ def _setting(budget: float | None, block: int) -> SparseSetting | None:
     return SparseSetting(BudgetSchedule(budget, dense_steps=0, dense_layers=0), block=block)
 
 
-def _rows(profiles: list[str], budget: float | None) -> list[tuple[str, str, float | None]]:
-    rows = [(p, p, None) for p in profiles]
+def _rows(profiles: list[str], budget: float | None, sparse_only: bool = False) -> list[tuple[str, str, float | None]]:
+    """(row name, profile, sparse budget) per row; ``sparse_only``: the sparse rows alone, so that the first of them
+    is a process's first calibration (its kernels not compiled by a dense row before)."""
+    rows = [] if sparse_only and budget is not None else [(p, p, None) for p in profiles]
     if budget is not None:
         rows += [(f"{p} sparse {budget:g}", p, budget) for p in profiles
                  if len(resolve_profile(p).precisions) > 1]
@@ -157,7 +159,7 @@ def bench_calibration(preset: ModelPreset, device: torch.device, dtype: torch.dt
     runs: list[CalibrationRun] = []
     caches: dict[str, Path] = {}
     comparisons: list[dict] = []
-    for name, profile, budget in _rows(args.profiles, args.sparse):
+    for name, profile, budget in _rows(args.profiles, args.sparse, args.sparse_only):
         profile = _warming(profile, args.warm_ahead, args.compile_ahead)
         sparse = _setting(budget, args.sparse_block)
         cache = caches[name] = out / f"timings-{name.replace(' ', '-')}.json"
@@ -180,7 +182,7 @@ def bench_calibration(preset: ModelPreset, device: torch.device, dtype: torch.dt
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if args.second_process:
-        for row in _rows(args.profiles, args.sparse):
+        for row in _rows(args.profiles, args.sparse, args.sparse_only):
             if progress:
                 progress(f"calibrating {row[0]} in a second process (timing cache)")
             done = subprocess.run(_child_argv(args, row, caches[row[0]]), capture_output=True, text=True)
