@@ -43,6 +43,9 @@ def test_bench_calibration_sparse_only_runs_the_sparse_rows_alone(tmp_path):
     runs = json.loads((tmp_path / "bench-calibration-tiny-wan.json").read_text())["runs"]
     assert [r["row"] for r in runs] == ["balanced sparse 0.3 (shared)"]  # quality has no sparse row
     assert runs[0]["sites"] > 0 and runs[0]["forwards"] > 0
+    res = _ditgate("bench", "calibration", "--preset", "tiny-wan", "--sparse-only", "--device", "cpu",
+                   "--out", str(tmp_path / "none"))
+    assert res.returncode == 2 and "--sparse-only needs --sparse" in res.stdout and not (tmp_path / "none").exists()
 
 
 def test_demo_runs_and_writes_reports(tmp_path):

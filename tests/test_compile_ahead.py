@@ -58,6 +58,15 @@ COMPILE_ALL = HOPPER + textwrap.dedent("""
         fp8_attention()  # the same launches again: each kernel compiles once
     first = compile_launches(launches, workers=2)
     again = compile_launches(launches, workers=2)  # all in Triton's memory cache now
+
+    from triton.runtime.jit import JITFunction
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    JITFunction._do_compile = no_compile  # the launch's own path (the key its run computes) finds each one built
+    for launch in launches:
+        launch.kernel.run(*launch.args, grid=(1,), warmup=True, **launch.kwargs)
     print(json.dumps({"recorded": [l.kernel.fn.__name__ for l in launches], "first": first, "again": again,
                       "compiles": compiles}))
 """)
@@ -195,4 +204,60 @@ def test_the_forms_that_compile_ahead_read_nothing_their_kernels_write():
 
     ahead = {name for name, form in create_forms().items() if form.compiles_ahead}
     assert ahead == {"fp8", "int8", "fp8_sparse", "int8_sparse", "block_sparse", "sage", "fa3_fp8"}
-    assert all(form.compiles_ahead for form in create_linear_forms().values())
+    linear = {name for name, form in create_linear_forms().items() if form.compiles_ahead}
+    assert linear == {"fp8_linear", "int8_linear"}  # fp8_tensor_linear quantizes with torch ops: nothing to compile
+
+
+def test_a_callers_async_compile_mode_turns_compiling_ahead_off_and_the_contest_goes_on(on_cpu):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    from ditgate.gate import compile_ahead as ahead
+
+    forms = [Dry("first"), Dry("second")]
+    with ThreadPoolExecutor(1) as pool, AsyncCompileMode(pool):
+        assert "another AsyncCompileMode" in ahead.unavailable_reason()
+        plan = _attach(forms)
+    assert forms[0].dry_calls == forms[1].dry_calls == 0 and all(f.real_calls > 0 for f in forms)
+    assert all(v.form in ("first", "second") for v in plan.chooser.verdicts.values())
+
+
+def test_a_failing_compile_step_leaves_every_form_to_its_first_call(monkeypatch):
+    import torch
+
+    from ditgate.gate import compile_ahead as ahead
+
+    def records_one():
+        launch_records._local.launches.append(launch_records.Launch(object(), (), {}))
+
+    def broken(launches, workers):
+        raise OSError("no threads left")
+
+    monkeypatch.setattr(first_calls, "allowed_on", lambda device: True)
+    monkeypatch.setattr(ahead, "compile_launches", broken)
+    done = ahead.compile_ahead([first_calls.WarmCall("a", records_one), first_calls.WarmCall("b", records_one)],
+                               torch.device("cpu"))
+    assert done.names == () and done.launches == 0
+    assert set(done.raised) == {"a", "b"} and "OSError: no threads left" in done.raised["a"]
+
+
+def test_recording_leaves_a_patch_made_meanwhile_and_never_takes_itself_for_the_original(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    def theirs(self, *args, grid, warmup, **kwargs):
+        return "theirs"
+
+    def later(self, *args, grid, warmup, **kwargs):
+        return "later"
+
+    monkeypatch.setattr(JITFunction, "run", theirs)
+    with launch_records.recorded_launches():
+        assert JITFunction.run is launch_records._dispatch
+        JITFunction.run = later  # another tool patches Triton while we record
+    assert JITFunction.run is later  # theirs to undo, not ours
+    monkeypatch.setattr(JITFunction, "run", launch_records._dispatch)  # a recording left installed (a crash)
+    monkeypatch.setattr(launch_records, "_original", theirs)
+    with launch_records.recorded_launches():
+        assert launch_records._original is theirs
+    assert JITFunction.run is theirs

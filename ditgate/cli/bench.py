@@ -85,7 +85,7 @@ def add_bench_parsers(sub) -> None:
                    help="also each bounded profile with the sparse stage at this budget")
     c.add_argument("--sparse-block", type=int, default=128, help="key tile of the sparse stage (default 128)")
     c.add_argument("--sparse-only", action="store_true",
-                   help="with --sparse, only the sparse rows: the first is then the process's first calibration")
+                   help="only the sparse rows (needs --sparse): the first is then the process's first calibration")
     c.add_argument("--per-site", action="store_true",
                    help="also the per-site gate of before on the same inputs, and the forms each gate chose")
     c.add_argument("--second-process", action="store_true",
@@ -243,6 +243,9 @@ def _run_calibration(args) -> int:
     from .bench_calibration import bench_calibration, write_plot
 
     console = Console(width=max(Console().width, 150))
+    if args.sparse_only and args.sparse is None:  # before any model is built
+        console.print("ditgate bench calibration: --sparse-only needs --sparse BUDGET", style="red")
+        return 2
     device, dtype, out = _setup(args)
     preset = get_preset(args.preset)
     if args.layers is not None:

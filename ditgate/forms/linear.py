@@ -327,6 +327,7 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
     )
     quantizer = staticmethod(quantize_fp8_tensor)
     quantization_fuses = False
+    compiles_ahead = False  # its quantization is torch ops alone: no Triton launch to compile ahead
 
     def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_fp8_tensor(x)

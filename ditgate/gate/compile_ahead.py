@@ -9,10 +9,13 @@ launch sees the shapes, strides and dtypes it will see), and every recorded laun
 threads through Triton's ``AsyncCompileMode`` (its front end, its passes and ptxas, which release the GIL for most of
 their time). The contest's own first calls then find their kernels compiled.
 
-Only forms that opt in (``Form.compiles_ahead``): in a dry call Triton's kernels write nothing, so a form whose Python
-read a value its own kernels made (a count, a flag) would act on whatever the memory held. ditgate's 8-bit forms,
-sage's and fa3_fp8's quantization, and the linear forms read none. A dry call that raises leaves its form to its
-ordinary first call; a kernel that fails to compile here is compiled again by that call, which raises there.
+Only forms that opt in (``Form.compiles_ahead``): in a dry call Triton's kernels write nothing, so a form whose
+Python read a value its own kernels made (a count, a flag), or whose torch operations index by one (a scatter by a
+kernel's list of blocks), would act on whatever the memory held. ditgate's 8-bit forms (their block lists come from
+the layout), sage's and fa3_fp8's quantization, and the Triton linear forms do neither. The recorded launches keep
+their argument tensors alive until the step ends: one first call's worth of memory per form that opted in. A dry
+call that raises leaves its form to its ordinary first call; a kernel that fails to compile here is compiled again
+by that call, which raises there.
 """
 
 from __future__ import annotations
@@ -45,14 +48,17 @@ class CompiledAhead:
 
 
 def unavailable_reason() -> str:
-    """Why compiling ahead cannot work in this process ("" where it can): Triton missing, or too old to compile
-    asynchronously (``triton.runtime._async_compile``, Triton 3.4 and later)."""
+    """Why compiling ahead cannot work here and now ("" where it can): Triton missing, too old to compile
+    asynchronously (``triton.runtime._async_compile``, Triton 3.4 and later), or a caller's own ``AsyncCompileMode``
+    already active in this context (Inductor's, say), which Triton does not let a second one join."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
     try:
-        from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
+        from triton.runtime._async_compile import active_mode
     except ImportError:
         return "this Triton cannot compile asynchronously (3.4 or later can)"
+    if active_mode.get() is not None:
+        return "another AsyncCompileMode is active in this context"
     return ""
 
 
@@ -60,7 +66,9 @@ def compile_launches(launches: Sequence, workers: int) -> int:
     """Compile every launch in ``launches`` (``kernels.launches.Launch``) for the current device, ``workers`` at a
     time, without running any; returns how many went to the compiler. Launches of one kernel with one
     specialization compile once (Triton's own cache key), and those compiled before load from memory. A compile that
-    fails is left out: the launch compiles again when it runs, and raises there."""
+    fails is left out: the launch compiles again when it runs, and raises there. A kernel with ``triton.autotune``
+    would compile here with whatever configuration its arguments name, not the tuned one; no form that opts in has
+    one."""
     from triton.runtime._async_compile import AsyncCompileMode
 
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ditgate-compile") as pool:
@@ -97,5 +105,9 @@ def compile_ahead(calls: Sequence[WarmCall], device: torch.device, workers: int 
                     continue
             names.append(call.name)
             launches += mine
-        compiled = compile_launches(launches, workers or min(MAX_WORKERS, os.cpu_count() or 1)) if launches else 0
+        try:
+            compiled = compile_launches(launches, workers or min(MAX_WORKERS, os.cpu_count() or 1)) if launches else 0
+        except Exception as exc:  # the pool itself failed: every form compiles at its own first call, as without this
+            why = f"compiling ahead: {type(exc).__name__}: {exc}"[:300]
+            return CompiledAhead((), 0, {**raised, **{name: why for name in names}}, time.perf_counter() - started)
     return CompiledAhead(tuple(names), compiled, raised, time.perf_counter() - started)

@@ -159,15 +159,21 @@ class _Contest:
         the contest to refuse with their reason."""
         if not self.p.warm_ahead or not first_calls.allowed_on(self.device):
             return
-        started = time.perf_counter()  # their probes (imports, in ``ready``) count as theirs, as in the contest
-        fresh = [e for e in self.live if (e.warms_in_thread or e.compiles_ahead and self.p.compile_ahead)
-                 and self.book.get(e.key) is None and not e.ready()]
+        fresh = []
+        for e in self.live:
+            if (e.warms_in_thread or e.compiles_ahead and self.p.compile_ahead) and self.book.get(e.key) is None:
+                started = time.perf_counter()
+                ready = not e.ready()
+                self.book.spend(e.name, time.perf_counter() - started)  # its probe (imports) is its, as in a contest
+                if ready:
+                    fresh.append(e)
+        probed = time.perf_counter()
         ahead = compile_ahead([first_calls.WarmCall(e.name, e.run) for e in fresh if e.compiles_ahead]
                               if self.p.compile_ahead else [], self.device)
         threaded = time.perf_counter()
-        for name in ahead.names:  # the step's wall time (probes included) is part of each one's first call, shared
-            self.ahead_ms[name] = (threaded - started) * 1e3
-            self.book.spend(name, (threaded - started) / len(ahead.names))
+        for name in ahead.names:  # the step's wall time is part of each one's first call, and shared in the spend
+            self.ahead_ms[name] = (threaded - probed) * 1e3
+            self.book.spend(name, (threaded - probed) / len(ahead.names))
         calls = [first_calls.WarmCall(e.name, e.run) for e in fresh if e.warms_in_thread and e.name not in ahead.names]
         self.warmed = first_calls.warm_ahead(calls, self.device)
         if self.warmed:  # the wall time, shared among the forms that ran (those that raised too)

@@ -34,7 +34,8 @@ class Profile:
     max_call_rel_l2: float | None = None  # a per-call floor on relative L2 beside the cosine (linear sites set it)
     # a contest's new entrants make their first calls (compiles) side by side in threads before any timing (``warm``)
     warm_ahead: bool = True
-    # ...and, before that, their Triton kernels compile all at once from a dry first call (``compile_ahead``)
+    # ...and, before that, their Triton kernels compile all at once from a dry first call (``compile_ahead``; only
+    # where ``warm_ahead`` is on)
     compile_ahead: bool = True
 
     def __post_init__(self) -> None:

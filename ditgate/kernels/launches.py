@@ -26,7 +26,7 @@ class Launch:
 
 _local = threading.local()
 _lock = threading.Lock()
-_installed: list = []  # [the original JITFunction.run] while any thread records; empty otherwise
+_original = None  # JITFunction.run as it was when recording began; kept after, for calls already dispatched
 _recorders = 0
 
 
@@ -37,7 +37,7 @@ def _dispatch(self, *args, grid, warmup, **kwargs):
     if launches is not None and not warmup:
         launches.append(Launch(self, args, kwargs))
         return None
-    return _installed[0](self, *args, grid=grid, warmup=warmup, **kwargs)
+    return _original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
 
 @contextlib.contextmanager
@@ -46,10 +46,10 @@ def recorded_launches() -> Iterator[list[Launch]]:
     own operations still run: only Triton's kernels are skipped, so their outputs hold whatever the memory held."""
     from triton.runtime.jit import JITFunction
 
-    global _recorders
+    global _original, _recorders
     with _lock:
-        if _recorders == 0:
-            _installed.append(JITFunction.run)
+        if _recorders == 0 and JITFunction.run is not _dispatch:  # (a recording left installed is not its own original)
+            _original = JITFunction.run
             JITFunction.run = _dispatch
         _recorders += 1
     outer = getattr(_local, "launches", None)
@@ -60,8 +60,8 @@ def recorded_launches() -> Iterator[list[Launch]]:
         _local.launches = outer
         with _lock:
             _recorders -= 1
-            if _recorders == 0:
-                JITFunction.run = _installed.pop()
+            if _recorders == 0 and JITFunction.run is _dispatch:  # someone else's patch since stays theirs to undo
+                JITFunction.run = _original
 
 
 def launches_of(call: Callable[[], object]) -> list[tuple]:
