@@ -141,3 +141,41 @@ def test_the_selectors_kernel_keeps_each_rows_best_tiles_at_a_long_shape(rows, h
     clear = (lowest_kept - highest_left).abs() > 1e-5 * scale
     assert (lowest_kept >= highest_left)[video & clear].all()
     assert clear[video].float().mean() > 0.9  # the check above covered most rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_compare_on_cuda_takes_the_one_pass_sums_and_agrees_with_the_float64_slices(dtype, monkeypatch):
+    from ditgate.gate import accuracy
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    ref = torch.randn(3, 1000, 1536, device="cuda", generator=gen).to(dtype)
+    out = (ref.float() + 0.01 * torch.randn(ref.shape, device="cuda", generator=gen)).to(dtype)
+    assert accuracy._kernel_sums() is not None
+    monkeypatch.setattr(accuracy.triton_warm, "agreement_ready", lambda device, dtype: True)
+    fast = accuracy.compare(out, ref)
+    a, b = out.reshape(-1), ref.reshape(-1)
+    dot, na2, nb2, d2, *_ = accuracy._sums_in_slices(a, b)
+    slow = dot / (na2 * nb2) ** 0.5, (d2 / nb2) ** 0.5
+    assert fast.cosine == pytest.approx(slow[0], abs=1e-6) and fast.rel_l2 == pytest.approx(slow[1], rel=1e-5)
+    out.view(-1)[123] = float("nan")
+    assert not accuracy.compare(out, ref).finite
+
+
+def test_the_accuracy_kernel_made_ready_in_a_thread_serves_compare(monkeypatch):
+    import threading
+
+    from ditgate.gate import accuracy, triton_warm
+
+    monkeypatch.setattr(triton_warm, "_thread", None)  # this process's own start may have been for another dtype
+    monkeypatch.setattr(triton_warm, "_key_made", threading.Event())
+    monkeypatch.setattr(triton_warm, "_agreement_ready", set())
+    triton_warm.start(torch.device("cuda"), torch.bfloat16)
+    triton_warm._thread.join()
+    assert triton_warm.agreement_ready(torch.device("cuda"), torch.bfloat16)
+
+    def no_slices(*args):
+        raise AssertionError("took the slices")
+
+    monkeypatch.setattr(accuracy, "_sums_in_slices", no_slices)
+    ref = torch.randn(1000, 1536, device="cuda", dtype=torch.bfloat16)
+    assert accuracy.compare(ref.clone(), ref).cosine == pytest.approx(1.0, abs=1e-6)
