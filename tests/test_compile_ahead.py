@@ -261,27 +261,3 @@ def test_recording_leaves_a_patch_made_meanwhile_and_never_takes_itself_for_the_
     with launch_records.recorded_launches():
         assert launch_records._original is theirs
     assert JITFunction.run is theirs
-
-
-AGREEMENT = HOPPER + textwrap.dedent("""
-    from triton.runtime.jit import JITFunction
-    from ditgate.kernels import agreement_sums
-
-    agreement_sums.prepare(torch.bfloat16)  # fake pointers: nothing allocated on the device
-
-    def no_compile(*args, **kwargs):
-        raise AssertionError("compiled again")
-
-    JITFunction._do_compile = no_compile
-    for n in (1, 4096, 50_319_360 + 7):  # any size finds it: N is not specialized
-        a = torch.empty(min(n, 8192), dtype=torch.bfloat16)
-        part = torch.empty(4, 7)
-        agreement_sums._sums_kernel.run(a, a, part, n, BLOCK=agreement_sums.BLOCK, num_warps=8, grid=(1,),
-                                        warmup=True)
-    print(json.dumps({"compiles": compiles}))
-""")
-
-
-def test_the_accuracy_kernel_compiles_ahead_without_a_tensor_and_serves_every_size(tmp_path):
-    got = _child(tmp_path, AGREEMENT)
-    assert [c["kernel"] for c in got["compiles"]] == ["_sums_kernel"]

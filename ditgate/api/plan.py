@@ -34,7 +34,6 @@ from ..gate import (
     environment,
     load_receipt,
     resolve_profile,
-    triton_warm,
     whole_model_check,
 )
 from ..gate.agree import RankAgreement
@@ -76,11 +75,6 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
-
-
-def _dtype_of(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's first floating-point parameter (its outputs' dtype, as a rule), else bf16."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
 
 
 def _models_info(denoisers) -> dict:
@@ -475,8 +469,6 @@ def attach(
     if on_mismatch not in ("refuse", "measure"):
         raise ValueError(f"on_mismatch must be 'refuse' or 'measure', not {on_mismatch!r}")
     denoisers = denoisers_of(target)
-    if _device_of(denoisers[0][1]).type == "cuda":  # Triton's key and the accuracy kernel, made in a thread
-        triton_warm.start(_device_of(denoisers[0][1]), _dtype_of(denoisers[0][1]))
     for name, model in denoisers:
         for found in find_attention_modules(model, prefix=name):
             if is_routed(found.module.processor):

@@ -1,15 +1,11 @@
-"""Accuracy of a candidate's output against the host's: cosine, relative L2, PSNR (sums finished in float64)."""
+"""Accuracy of a candidate's output against the host's: cosine, relative L2, PSNR (in float64)."""
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
-
-from . import triton_warm
 
 
 @dataclass(frozen=True)
@@ -24,49 +20,16 @@ CHUNK = 1 << 22  # elements per float64 slice: a few tens of MiB of temporaries 
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> Accuracy:
-    """The three measures over every element. On CUDA, once ``triton_warm``'s thread has the kernel ready, one Triton
-    pass over both outputs makes the sums (``kernels.agreement_sums``: float32 within a block, float64 across);
-    before that, elsewhere, or where Triton is missing, they are made in float64 a slice at a time
-    (``_sums_in_slices``). Either way one host synchronisation. Not finite when
-    either output holds a NaN or an infinity: a host output that does passes no form."""
+    """The three measures over every element, in float64, a slice at a time: the sums are exact enough in float64,
+    and the float64 temporaries stay a slice's (a non-contiguous output is copied once in its own dtype to be
+    sliced). Whole-tensor float64 copies of a HunyuanVideo attention output (207M elements) are 6-7 GB beside a
+    26 GB model, which the allocator must find at every site a contest checks. One host synchronisation at the end.
+    Not finite when either output holds a NaN or an infinity: a host output that does passes no form."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from the host's {tuple(ref.shape)}")
     if out.numel() == 0:
         raise ValueError("empty outputs: nothing to compare")
     a_all, b_all = out.detach().reshape(-1), ref.detach().reshape(-1)
-    kernel = _kernel_sums() if a_all.is_cuda and triton_warm.agreement_ready(a_all.device, a_all.dtype) else None
-    if kernel is not None and kernel.serves(a_all, b_all):
-        dot, na2, nb2, d2, bmax, bmin, is_finite = kernel.sums(a_all, b_all)
-    else:
-        dot, na2, nb2, d2, bmax, bmin, is_finite = _sums_in_slices(a_all, b_all)
-    if not is_finite:
-        return Accuracy(float("nan"), float("inf"), float("-inf"), False)
-    na, nb = math.sqrt(na2), math.sqrt(nb2)
-    denom = na * nb
-    cosine = dot / denom if denom > 0 else (1.0 if na == nb else 0.0)
-    rel = math.sqrt(d2) / nb if nb > 0 else float(d2 > 0)
-    mse = d2 / a_all.numel()
-    span = bmax - bmin
-    psnr = float("inf") if mse == 0 else (10 * math.log10(span * span / mse) if span > 0 else float("-inf"))
-    return Accuracy(cosine=cosine, rel_l2=rel, psnr_db=psnr, finite=True)
-
-
-@functools.cache
-def _kernel_sums():
-    """``kernels.agreement_sums``, or None where Triton cannot be imported or only interprets (loaded once)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    try:
-        from ..kernels import agreement_sums
-    except Exception:  # no Triton: the slices serve
-        return None
-    return agreement_sums
-
-
-def _sums_in_slices(a_all: torch.Tensor, b_all: torch.Tensor) -> tuple[float, float, float, float, float, float, bool]:
-    """The sums in float64, a slice at a time: the float64 temporaries stay a slice's (a non-contiguous output is
-    copied once in its own dtype to be sliced). Whole-tensor float64 copies of a HunyuanVideo attention output (207M
-    elements) are 6-7 GB beside a 26 GB model, which the allocator must find at every site a contest checks."""
     zero = torch.zeros((), dtype=torch.float64, device=a_all.device)
     dot, na2, nb2, d2 = zero.clone(), zero.clone(), zero.clone(), zero.clone()
     bmax = torch.full((), -math.inf, dtype=torch.float64, device=a_all.device)
@@ -85,4 +48,13 @@ def _sums_in_slices(a_all: torch.Tensor, b_all: torch.Tensor) -> tuple[float, fl
         bmin = torch.minimum(bmin, b.min())
     is_finite, dot, na2, nb2, d2, bmax, bmin = torch.stack(
         [finite.double(), dot, na2, nb2, d2, bmax, bmin]).tolist()
-    return dot, na2, nb2, d2, bmax, bmin, bool(is_finite)
+    if not is_finite:
+        return Accuracy(float("nan"), float("inf"), float("-inf"), False)
+    na, nb = math.sqrt(na2), math.sqrt(nb2)
+    denom = na * nb
+    cosine = dot / denom if denom > 0 else (1.0 if na == nb else 0.0)
+    rel = math.sqrt(d2) / nb if nb > 0 else float(d2 > 0)
+    mse = d2 / a_all.numel()
+    span = bmax - bmin
+    psnr = float("inf") if mse == 0 else (10 * math.log10(span * span / mse) if span > 0 else float("-inf"))
+    return Accuracy(cosine=cosine, rel_l2=rel, psnr_db=psnr, finite=True)

@@ -39,7 +39,6 @@ from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNA
                       Refusal)
 from . import warm as first_calls
 from .compile_ahead import compile_ahead
-from .triton_warm import wait_for_key
 
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
 SCREEN_SAMPLES = 2
@@ -133,8 +132,6 @@ class _Contest:
             self.refuse(e, UNAVAILABLE if why.startswith("unavailable") else UNSUPPORTED, why)
             return
         started = time.perf_counter()  # what its first call costs, not its probe
-        if e.compiles_ahead or e.warms_in_thread:  # a form of Triton kernels: no need to hash Triton twice
-            wait_for_key()
         try:
             out = e.run()
             if self.book.get(e.key) is None:  # its first call at this key: what warming it up costs
@@ -171,8 +168,6 @@ class _Contest:
                 if ready:
                     fresh.append(e)
         probed = time.perf_counter()
-        if any(e.compiles_ahead or e.warms_in_thread for e in fresh):  # Triton's launches follow: its key first
-            wait_for_key()
         ahead = compile_ahead([first_calls.WarmCall(e.name, e.run) for e in fresh if e.compiles_ahead]
                               if self.p.compile_ahead else [], self.device)
         threaded = time.perf_counter()
