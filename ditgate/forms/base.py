@@ -206,6 +206,9 @@ class AttentionInputs:
     # rows from this one on are zeros in the host's output: its mask hid those queries from every key (padding
     # that the router cut from the keys, ``sparse.padding``); ``finish`` writes them, whatever form ran
     zero_rows_from: int | None = None
+    # the site's name where the router made the call (None elsewhere: a benchmark, a compiled graph): what a form
+    # that keeps statistics from one call of a site to its next keys them by (``fa3_fp8``'s carried scales)
+    site: str | None = None
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
         """A form's output ([B, H, S, D]) as the host's would be: the rows its mask hid, zeroed."""

@@ -27,7 +27,8 @@ hopper/flash_attn_interface.py of Dao-AILab/flash-attention):
 Forms here: ``fa3`` serves bf16 calls as they come (B, H, S, D views transposed back, free for diffusers'
 B, S, H, D tensors). ``fa3_fp8`` quantizes Q, K and V with ``kernels.fp8_heads`` (per-(batch, kv head) scales,
 K smoothed by its mean) into the form's workspace and runs FA3's FP8 kernel with those descales; fp16 callers
-get the bf16 output cast back. Eager calls go straight to ``torch.ops.fa3_fwd.fwd``, skipping the autograd
+get the bf16 output cast back. From a site's second call at a shape on, the quantization reads the inputs once, at
+the scales the site's previous call left (``kernels.fp8_heads_carried``; ``_quantizer`` says when). Eager calls go straight to ``torch.ops.fa3_fwd.fwd``, skipping the autograd
 Function and the custom op's Python dispatch (host time at image lengths, where the kernel takes 0.3 ms); under
 ``torch.compile`` the package's custom op is called instead, since it carries the fake implementation.
 """
@@ -155,10 +156,15 @@ class FlashAttn3Fp8(_FlashAttn3Base):
     # unwritten copies (it is not run in a thread: fa3-fwd failed there on an H100)
     compiles_ahead = True
 
+    # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``)
+    carry_scales = True
+
     def __init__(self) -> None:
         super().__init__()
-        self._quantize = None
+        self._quantize = self._carried = self._accumulator_size = self._recording = None
         self._pool: WorkspacePool | None = None
+        self._last: dict[tuple, int] = {}  # (site, shapes, device) -> which of its two statistics buffers is the last
+        self._repaired: dict[str, torch.Tensor] = {}  # device -> heads repaired there (int32 on that device)
 
     def _probe(self) -> Availability:
         avail = super()._probe()
@@ -167,11 +173,14 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         if importlib.util.find_spec("triton") is None:
             return Availability(False, "triton not installed (pip install 'ditgate[triton]')", avail.version)
         try:
-            from ..kernels.fp8_heads import quantize_heads
+            from ..kernels.fp8_heads import accumulator_size, quantize_heads
+            from ..kernels.fp8_heads_carried import quantize_heads_carried
+            from ..kernels.launches import recording
         except Exception as exc:
             return Availability(False, f"quantization kernel failed to load: {type(exc).__name__}: {exc}",
                                 avail.version)
-        self._quantize = quantize_heads
+        self._quantize, self._carried = quantize_heads, quantize_heads_carried
+        self._accumulator_size, self._recording = accumulator_size, recording
         return avail
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:
@@ -185,9 +194,49 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         if self._pool is None:
             self._pool = WorkspacePool()
         pool, device = self._pool, q.device
-        return fp8_attention(self._quantize, self._attend, q, inputs.key, inputs.value, inputs.scale,
+        return fp8_attention(self._quantizer(inputs), self._attend, q, inputs.key, inputs.value, inputs.scale,
                              inputs.is_causal,
                              buffers=lambda shape, dtype, name: pool.get(shape, dtype, device, f"fa3_fp8:{name}"))
+
+    def _quantizer(self, inputs: AttentionInputs):
+        """How this call is quantized: in one pass at the scales its site's previous call left
+        (``kernels.fp8_heads_carried``) where the router names the site and that site has called at this shape
+        before; else in two passes, keeping the statistics for the site's next call. A call with no site (a
+        benchmark, the context-parallel path) takes two passes and keeps nothing. A dry call (compile ahead) records
+        both paths' launches and keeps nothing, as its launches write nothing."""
+        if inputs.site is None or not self.carry_scales:
+            return self._quantize
+        quantize_heads_carried, recording = self._carried, self._recording
+        q, k = inputs.query, inputs.key
+        device, key = q.device, (inputs.site, tuple(q.shape), tuple(k.shape), str(q.device))
+        size = self._accumulator_size(q, k)
+        stats = [self._pool.get((size,), torch.int64, device, f"fa3_fp8:carried:{inputs.site}:{i}") for i in (0, 1)]
+        repaired = self._repaired_counter(device)
+        last = self._last.get(key)
+
+        def quantize(q, k, v, buffers=None):
+            if recording():
+                self._quantize(q, k, v, buffers=buffers, accumulators=stats[0])
+                return quantize_heads_carried(q, k, v, stats[0], stats[1], repaired, buffers)
+            if last is None:
+                z = self._quantize(q, k, v, buffers=buffers, accumulators=stats[0])
+                self._last[key] = 0
+                return z
+            z = quantize_heads_carried(q, k, v, stats[last], stats[1 - last], repaired, buffers)
+            self._last[key] = 1 - last
+            return z
+        return quantize
+
+    def _repaired_counter(self, device: torch.device) -> torch.Tensor:
+        counter = self._repaired.get(str(device))
+        if counter is None:
+            counter = self._repaired[str(device)] = torch.zeros(1, dtype=torch.int32, device=device)
+        return counter
+
+    def repaired_heads(self) -> int:
+        """Heads the one-pass quantization quantized again since this form was made or released, because the scale
+        carried from the site's previous call did not hold (reads the device's counters: synchronises)."""
+        return sum(int(counter.item()) for counter in self._repaired.values())
 
     def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
         """One custom op (``ops.fa3_fp8``): the quantization launch cannot be traced; its copies come from torch's
@@ -198,6 +247,8 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         return self._pool.bytes() if self._pool is not None else 0
 
     def release(self) -> None:
+        self._last.clear()
+        self._repaired.clear()
         if self._pool is not None:
             self._pool.release()
 

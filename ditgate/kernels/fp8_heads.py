@@ -182,30 +182,69 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must share one of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def quantize_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: Buffers | None = None,
-                   reverse: bool = True) -> HeadScaledFp8:
-    """e4m3 copies of ``q``, ``k``, ``v`` (B, H, S, D views through any strides; no copy of the inputs is made)
-    with per-(batch, kv head) descale factors, K smoothed (module docstring). ``buffers(shape, dtype, name)``
-    supplies the copies (a form's workspace; fresh tensors by default). ``reverse``: the quantizing launch takes
-    its programs in reverse order (module docstring); the copies are the same either way."""
-    _check(q, k, v)
+def accumulator_size(q: torch.Tensor, k: torch.Tensor) -> int:
+    """int64 elements of the accumulators (K's fixed-point column sums, then the float32 absmax per head of Q, K and
+    V) for B, H, S, D ``q`` and ``k``: the statistics a call leaves for ``fp8_heads_carried``'s next call."""
+    B, HKV, D = k.shape[0], k.shape[1], k.shape[3]
+    return B * HKV * D + (3 * B * HKV + 1) // 2
+
+
+def split_accumulators(acc: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K's column sums [B * Hkv * D] int64, the absmax [3 * B * Hkv] float32) as views of ``acc``."""
+    B, HKV, D = k.shape[0], k.shape[1], k.shape[3]
+    n_sums = B * HKV * D
+    return acc[:n_sums], acc[n_sums:].view(torch.float32)[:3 * B * HKV]
+
+
+@dataclass(frozen=True)
+class Programs:
+    """How a pass over Q, K and V is cut into programs: ``BLOCK`` rows of one head each (``_where``)."""
+
+    grid: tuple[int]
+    shapes: tuple[int, ...]  # HQ, HKV, SQ, SKV, n_q, n_k, B * HQ, B * HKV
+    strides: tuple[int, ...]
+    dp: int
+    block: int
+
+
+def programs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Programs:
     B, HQ, SQ, D = q.shape
     HKV, SKV = k.shape[1], k.shape[2]
-    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
-    q8 = get((B, SQ, HQ, D), torch.float8_e4m3fn, "q")
-    k8 = get((B, SKV, HKV, D), torch.float8_e4m3fn, "k")
-    v8 = get((B, SKV, HKV, D), torch.float8_e4m3fn, "v")
-    descale = get((3, B, HKV), torch.float32, "descale")
-    n_sums, n_amax = B * HKV * D, 3 * B * HKV
-    acc = get((n_sums + (n_amax + 1) // 2,), torch.int64, "accumulators")
-    acc.zero_()
-    k_sums, amax = acc[:n_sums], acc[n_sums:].view(torch.float32)[:n_amax]
     dp = max(16, triton.next_power_of_2(D))
     block = ELEMENTS_PER_PROGRAM // dp
     n_q, n_k = triton.cdiv(SQ, block) * B * HQ, triton.cdiv(SKV, block) * B * HKV
-    grid = (n_q + 2 * n_k,)
-    shapes = (HQ, HKV, SQ, SKV, n_q, n_k, B * HQ, B * HKV)
-    strides = (*q.stride(), *k.stride(), *v.stride())
+    return Programs((n_q + 2 * n_k,), (HQ, HKV, SQ, SKV, n_q, n_k, B * HQ, B * HKV),
+                    (*q.stride(), *k.stride(), *v.stride()), dp, block)
+
+
+def copies(q: torch.Tensor, k: torch.Tensor, buffers: Buffers | None) -> tuple[torch.Tensor, ...]:
+    """The e4m3 copies of Q, K, V (B, S, H, D) and the descale factors [3, B, Hkv], from ``buffers``."""
+    B, HQ, SQ, D = q.shape
+    HKV, SKV = k.shape[1], k.shape[2]
+    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
+    return (get((B, SQ, HQ, D), torch.float8_e4m3fn, "q"), get((B, SKV, HKV, D), torch.float8_e4m3fn, "k"),
+            get((B, SKV, HKV, D), torch.float8_e4m3fn, "v"), get((3, B, HKV), torch.float32, "descale"))
+
+
+def quantize_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: Buffers | None = None,
+                   reverse: bool = True, accumulators: torch.Tensor | None = None) -> HeadScaledFp8:
+    """e4m3 copies of ``q``, ``k``, ``v`` (B, H, S, D views through any strides; no copy of the inputs is made)
+    with per-(batch, kv head) descale factors, K smoothed (module docstring). ``buffers(shape, dtype, name)``
+    supplies the copies (a form's workspace; fresh tensors by default). ``reverse``: the quantizing launch takes
+    its programs in reverse order (module docstring); the copies are the same either way. ``accumulators``
+    (``accumulator_size`` int64 elements): where the absmax and K's column sums go, kept by a caller that passes
+    them to ``fp8_heads_carried`` at its next call (a buffer from ``buffers`` by default)."""
+    _check(q, k, v)
+    D = q.shape[3]
+    q8, k8, v8, descale = copies(q, k, buffers)
+    acc = accumulators
+    if acc is None:
+        get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
+        acc = get((accumulator_size(q, k),), torch.int64, "accumulators")
+    acc.zero_()
+    k_sums, amax = split_accumulators(acc, k)
+    p = programs(q, k, v)
+    grid, dp, block, shapes, strides = p.grid, p.dp, p.block, p.shapes, p.strides
     _reduce_kernel[grid](q, k, v, amax, k_sums, *strides, *shapes, D=D, DP=dp, BLOCK=block, num_warps=WARPS)
     _quantize_kernel[grid](q, k, v, q8, k8, v8, amax, k_sums, descale, *strides, *shapes, D=D, DP=dp, BLOCK=block,
                            REVERSE=reverse, GRID_FIRST=_INTERPRETED, num_warps=WARPS)

@@ -64,6 +64,12 @@ def recorded_launches() -> Iterator[list[Launch]]:
                 JITFunction.run = _original
 
 
+def recording() -> bool:
+    """Whether this thread's Triton launches are being recorded (a dry call): what a form that keeps state between
+    calls asks, since nothing its launches would write gets written."""
+    return getattr(_local, "launches", None) is not None
+
+
 def launches_of(call: Callable[[], object]) -> list[tuple]:
     """The kernel launches ``call`` makes, as (kernel, args, kwargs), none of them run (no GPU needed)."""
     with recorded_launches() as launches:

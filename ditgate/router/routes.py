@@ -44,9 +44,9 @@ class CallArgs(NamedTuple):
     dropout_p: float
     enable_gqa: bool
 
-    def inputs(self) -> AttentionInputs:
+    def inputs(self, site: str | None = None) -> AttentionInputs:
         return AttentionInputs(self.query, self.key, self.value, self.attn_mask, self.scale, self.is_causal,
-                               self.dropout_p, self.enable_gqa)
+                               self.dropout_p, self.enable_gqa, site=site)
 
 
 def mask_signature(mask: object) -> object:
@@ -115,7 +115,7 @@ class FormRoute(Route):
 
     def serve(self, site, args, host, to_host):
         try:
-            out = self.form.run(args.inputs())
+            out = self.form.run(args.inputs(site.name))
         except Exception as exc:  # never fail a call the host could serve
             return site.failed(self.form, exc, self.call, host)
         if site.context.tally:
@@ -127,7 +127,7 @@ class PreparedRoute(FormRoute):
     """A form whose call is prepared per call (``SiteRouter.prepare``): the padding cut, the sparse selection."""
 
     def serve(self, site, args, host, to_host):
-        return site.serve_prepared(self.form, self.call, args.inputs(), host, to_host)
+        return site.serve_prepared(self.form, self.call, args.inputs(site.name), host, to_host)
 
 
 class SelectedRoute(FormRoute):
@@ -146,4 +146,4 @@ class MeasureRoute(Route):
         if site.context.tally:
             site.ledger.routes[self.tally_key] += 1
         site.observe(self.call, HOST, self.reason)
-        return site.context.chooser.measure(site, self.call, args.inputs(), host, to_host)
+        return site.context.chooser.measure(site, self.call, args.inputs(site.name), host, to_host)
