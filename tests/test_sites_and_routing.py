@@ -76,6 +76,36 @@ def test_routed_outputs_match_the_host(name):
     plan.detach()
 
 
+class _SiteNames(FakeForm):
+    """Exact SDPA that records the site each call names (``AttentionInputs.site``)."""
+
+    def __init__(self) -> None:
+        super().__init__("site_names")
+        self.sites: list[str | None] = []
+
+    def run(self, inputs):
+        self.sites.append(inputs.site)
+        return super().run(inputs)
+
+
+@pytest.mark.parametrize("measure", [False, True], ids=["static", "measured"])
+def test_each_call_names_its_site_the_same_way_every_forward(measure):
+    """Forms that keep statistics from one call of a site to its next (fa3_fp8's carried scales) key them by the
+    site the router names: one name per site, the plan's own, the same at every forward and in the gate's calls."""
+    tiny = Tiny("tiny-wan")
+    form = _SiteNames()
+    plan = ditgate.attach(tiny.model, forms=["site_names"], measure=measure, extra_forms=[form])
+    seen = []
+    for _ in range(3):
+        form.sites.clear()
+        tiny.forward()
+        seen.append(list(form.sites))
+    names = [s.name for s in plan.report().sites]
+    assert len(set(names)) == len(names) and all(set(sites) == set(names) for sites in seen)
+    assert seen[1] == seen[2] and len(seen[1]) == len(names)  # once per site, in the same order, once routed
+    plan.detach()
+
+
 def test_a_raising_form_is_counted_and_the_call_returns_the_host_result(caplog):
     tiny = Tiny("tiny-wan")
     host = tiny.forward()
