@@ -48,6 +48,7 @@ from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_rout
                      routed_processor)
 from ..hosts.parallel import parallel_records
 from ..hosts.regional import make_room
+from ..kernels import triton_key_memo
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..router.linear import StaticLinearChooser
 from ..sparse.padding import PaddingKeys
@@ -475,6 +476,8 @@ def attach(
                 raise AlreadyAttachedError(
                     f"{found.path} is already routed by a ditgate plan; detach that plan before attaching again")
     extra_names = tuple(f.name for f in extra_forms)
+    # before any form is probed or launched: every route (measured, static, receipt) starts here
+    triton_key_memo.install(require_cuda=True)
     all_forms = create_forms()
     for f in extra_forms:
         all_forms[f.name] = f
