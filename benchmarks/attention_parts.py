@@ -94,6 +94,26 @@ def _heads_whole(q, k, v, elements: int, warps: int, reverse: bool = True) -> Ca
     return call
 
 
+def kernel_times(fn: Callable[[], object], calls: int = 20) -> dict[str, float]:
+    """Mean device microseconds per call of each kernel ``fn`` launches (torch's profiler over ``calls`` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if us:
+            times[event.key[:60]] = round(us / calls, 2)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+PROFILED = ("fp8_quant", "int8_quant", "form_fa3_fp8_at_site")
+
+
 def rows_for(heads: int, seq: int, dim: int, forms: dict) -> dict[str, Callable[[], object]]:
     gen = torch.Generator(device="cuda").manual_seed(heads * seq + dim)
     q, k, v = (torch.randn(1, seq, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
@@ -158,10 +178,14 @@ def main() -> None:
                 times[key].append(ms(fn))
         row = {"shape": name, "heads": shape.heads, "seq": shape.seq, "head_dim": shape.head_dim}
         row.update({key: statistics.median(values) for key, values in times.items()})
+        row["kernels_us"] = {key: kernel_times(rows[key]) for key in PROFILED if key in rows}
         gb = 3 * shape.heads * shape.seq * shape.head_dim * 2 / 1e9
         row["copy_GBps"] = 2 * gb / (row["copy_qkv"] / 1e3)
         results.append(row)
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                          if k != "kernels_us"}), flush=True)
+        for key, kernels in row["kernels_us"].items():
+            print(f"  {key}: " + ", ".join(f"{k} {v} us" for k, v in kernels.items()), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attention-parts.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
