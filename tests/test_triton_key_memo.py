@@ -1,9 +1,10 @@
 """Triton's version key remembered across processes (``kernels.triton_key_memo``).
 
-Triton's own ``triton_key()`` hashes 400 MB, so it runs once here (the module fixture's miss); every other test
-stands a filled ``lru_cache`` in for it, which ``install`` cannot tell from Triton's. Every test starts and ends
-with Triton's names as Triton left them (``uninstall``), and runs without the interpreter that conftest sets (under
-it ``install`` does nothing)."""
+Triton's own ``triton_key()`` hashes 400 MB, so it runs once here (the module fixture's miss); a hit seeds Triton's
+own function cheaply, and the other tests stand in an lru-cached function of the same shape, which ``install`` cannot
+tell from Triton's. Every test starts with Triton's cache emptied and this process's memo state forgotten, and ends
+with Triton's names and code as Triton left them; all run without the interpreter that conftest sets (under it
+``install`` does nothing)."""
 
 import functools
 import json
@@ -14,8 +15,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
-import time
 import types
 
 import pytest
@@ -30,27 +29,22 @@ from .helpers import Tiny  # noqa: E402
 
 TRITON_PATH = os.path.dirname(os.path.dirname(os.path.abspath(cache.__file__)))
 ORIGINAL = cache.triton_key
+CODE = ORIGINAL.__wrapped__.__code__
 COMPAT = "torch._inductor.runtime.triton_compat"
+FAKE = f"{triton.__version__}-fake"
 
 
-def _filled(value: str):
-    """A stand-in for Triton's ``triton_key`` whose lru cache already holds ``value`` (as after a first call)."""
-    fake = functools.lru_cache()(lambda: value)
-    fake()
-    return fake
+def _stand_in(value: str, calls: list | None = None):
+    """An lru-cached function of no closure, as Triton's ``triton_key``, not called yet; each computation of its
+    own is appended to ``calls``. Its names are its globals (a closure would make it one ``install`` refuses)."""
+    namespace = {"VALUE": value, "CALLS": calls if calls is not None else []}
+    exec("def triton_key():\n    CALLS.append(1)\n    return VALUE\n", namespace)
+    return functools.lru_cache()(namespace["triton_key"])
 
 
-def _empty(value: str, calls: list | None = None, delay_s: float = 0.0):
-    """A stand-in for Triton's ``triton_key`` not called yet; each computation is appended to ``calls``."""
-
-    @functools.lru_cache()
-    def fake() -> str:
-        time.sleep(delay_s)
-        if calls is not None:
-            calls.append(threading.current_thread().name)
-        return value
-
-    return fake
+class NoHashing:
+    def __getattr__(self, name):
+        raise AssertionError(f"triton_key hashed (hashlib.{name})")
 
 
 @pytest.fixture(autouse=True)
@@ -58,17 +52,21 @@ def fresh(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("DITGATE_TRITON_KEY_MEMO", raising=False)
     memo.uninstall()
+    memo.forget_triton_key()
     yield
     memo.uninstall()
     monkeypatch.undo()  # the test's own stand-ins go too
     assert cache.triton_key is ORIGINAL and autotuner.triton_key is ORIGINAL
+    assert ORIGINAL.__wrapped__.__code__ is CODE
+    memo.forget_triton_key()  # a seeded value of a test's own is not left for another test
 
 
 @pytest.fixture(scope="module")
 def missed(tmp_path_factory):
     """One real miss: Triton's ``triton_key`` (its lru cache emptied first) computed once, when asked for through
-    ``get_cache_key`` as Triton asks, and saved. Returns the install's word, whether the file existed before the key
-    was asked for, the key ``get_cache_key`` saw, and the file."""
+    ``get_cache_key`` as Triton asks, then saved by ``remember()``. Returns the install's word, whether Triton was
+    left untouched and the file absent until then, the key ``get_cache_key`` saw, what ``remember()`` said, and the
+    file."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DITGATE_CACHE_DIR", str(tmp_path_factory.mktemp("memo")))
         mp.delenv("TRITON_INTERPRET", raising=False)
@@ -76,11 +74,14 @@ def missed(tmp_path_factory):
         memo.uninstall()
         ORIGINAL.cache_clear()
         word = memo.install()
-        before = memo.memo_path().exists()
+        untouched = (cache.triton_key is ORIGINAL and autotuner.triton_key is ORIGINAL
+                     and ORIGINAL.__wrapped__.__code__ is CODE and ORIGINAL.cache_info().currsize == 0
+                     and not memo.memo_path().exists())
         part = types.SimpleNamespace(hash=lambda: "h")
         seen = cache.get_cache_key(part, part, part, {}).removesuffix("-h-h-h-[]")
+        saved = memo.remember()
         memo.uninstall()
-        return word, before, seen, memo.memo_path()
+        return word, untouched, seen, saved, memo.memo_path()
 
 
 def _real_fingerprint() -> str:
@@ -92,49 +93,133 @@ def _copy_memo(path) -> None:
     shutil.copy(path, memo.memo_path())
 
 
-def test_a_miss_stores_triton_s_own_key_when_triton_first_asks_for_it(missed):
-    word, before, seen, path = missed
-    stored = memo.read_memo(path)
-    assert word == "miss" and not before
-    assert list(stored) == [_real_fingerprint()]
-    assert stored[_real_fingerprint()] == seen == ORIGINAL()  # the original's lru cache holds what it computed
+def _counting(monkeypatch, name: str) -> list:
+    """Each call of ``memo.<name>`` (still run) appended as its arguments."""
+    calls: list = []
+    inner = getattr(memo, name)
+    monkeypatch.setattr(memo, name, lambda *args: calls.append(args) or inner(*args))
+    return calls
+
+
+def test_a_miss_touches_nothing_and_remember_saves_triton_s_own_key(missed):
+    word, untouched, seen, saved, path = missed
+    assert word == "miss" and untouched
+    assert saved is True
+    assert memo.read_memo(path) == {_real_fingerprint(): seen}
     assert seen.startswith(triton.__version__) and len(seen) > 1000
 
 
-def test_a_miss_hashes_nothing_until_triton_asks(monkeypatch):
-    fake = _empty(f"{triton.__version__}-fake")
+def test_remember_saves_the_key_once_triton_computed_it_without_computing_it(monkeypatch):
+    computed: list = []
+    fake = _stand_in(FAKE, computed)
+    monkeypatch.setattr(cache, "triton_key", fake)
+    fp = _real_fingerprint()
+    fingerprints, saves = _counting(monkeypatch, "fingerprint"), _counting(monkeypatch, "save_memo")
+    assert memo.install() == "miss"
+    assert cache.triton_key is fake and fake.cache_info().currsize == 0
+    assert memo.remember() is False  # Triton has not asked for the key: nothing to save, nothing computed
+    assert not memo.memo_path().exists() and computed == []
+    assert fake() == FAKE  # Triton's first launch computes it
+    assert memo.remember() is True
+    assert memo.read_memo(memo.memo_path()) == {fp: FAKE}
+    reads = _counting(monkeypatch, "read_memo")
+    assert memo.remember() is False and memo.remember() is False and reads == []  # done for the process
+    assert computed == [1] and len(saves) == 1 and len(fingerprints) == 1  # the install's fingerprint, kept
+
+
+def test_remember_does_not_write_a_key_the_file_already_holds(monkeypatch):
+    fake = _stand_in(FAKE)
     monkeypatch.setattr(cache, "triton_key", fake)
     assert memo.install() == "miss"
-    assert fake.cache_info().currsize == 0 and not memo.memo_path().exists()
-    assert autotuner.triton_key() == f"{triton.__version__}-fake"  # any of the replaced names records it
-    assert memo.read_memo(memo.memo_path()) == {_real_fingerprint(): f"{triton.__version__}-fake"}
+    memo.save_memo(memo.memo_path(), _real_fingerprint(), FAKE)  # another process saved it meanwhile
+    saves = _counting(monkeypatch, "save_memo")
+    fake()
+    assert memo.remember() is False and saves == []
 
 
-def test_a_hit_serves_the_key_through_get_cache_key_without_hashing(missed, monkeypatch):
+def test_remember_does_nothing_without_a_miss_of_this_process(monkeypatch):
+    fake = _stand_in(FAKE)
+    monkeypatch.setattr(cache, "triton_key", fake)
+    fake()
+    assert memo.remember() is False  # install never ran
+    monkeypatch.setenv("DITGATE_TRITON_KEY_MEMO", "0")
+    assert memo.install() == "disabled" and memo.remember() is False
+    assert not memo.memo_path().exists()
+
+
+def test_a_hit_fills_triton_s_own_cache_and_replaces_nothing(missed, monkeypatch):
     _copy_memo(missed[-1])
     key = memo.read_memo(memo.memo_path())[_real_fingerprint()]
     compat = types.ModuleType(COMPAT)
     compat.triton_key = ORIGINAL
     monkeypatch.setitem(sys.modules, COMPAT, compat)
-    ORIGINAL.cache_clear()  # a call of Triton's own would hash again now
+    assert ORIGINAL.cache_info().currsize == 0  # a call of Triton's own would hash now
     assert memo.install() == "hit"
-
-    class NoHashing:
-        def __getattr__(self, name):
-            raise AssertionError(f"triton_key hashed (hashlib.{name})")
+    assert cache.triton_key is ORIGINAL and autotuner.triton_key is ORIGINAL and compat.triton_key is ORIGINAL
+    assert ORIGINAL.__wrapped__.__code__ is CODE
+    assert ORIGINAL.cache_info().currsize == 1
 
     monkeypatch.setattr(cache, "hashlib", NoHashing())
     part = types.SimpleNamespace(hash=lambda: "h")
     assert cache.get_cache_key(part, part, part, {}).startswith(f"{key}-h-h-h-")
     assert triton.compiler.compiler.get_cache_key is cache.get_cache_key  # what triton.compile calls
     assert autotuner.triton_key() == key and compat.triton_key() == key
-    assert ORIGINAL.cache_info().currsize == 0
+    assert ORIGINAL.cache_info().misses == 1  # the seeding call only: never computed after it
+    memo.memo_path().unlink()
+    assert memo.remember() is False and not memo.memo_path().exists()  # a hit has nothing to save
+
+
+def test_a_hit_never_runs_the_function_s_own_code(monkeypatch):
+    computed: list = []
+    fake = _stand_in(FAKE, computed)
+    own = fake.__wrapped__.__code__
+    monkeypatch.setattr(cache, "triton_key", fake)
+    remembered = f"{triton.__version__}-remembered-{'0' * 64}"
+    memo.save_memo(memo.memo_path(), _real_fingerprint(), remembered)
+    assert memo.install() == "hit"
+    assert fake() == remembered and computed == []  # a constant of the code, not VALUE of the function's globals
+    assert fake.__wrapped__.__code__ is own and fake.cache_info().currsize == 1
+    assert memo._constant_code(remembered).co_names == ()
+
+
+@pytest.mark.parametrize("wrong", ["raises", "another value"])
+def test_a_seed_that_goes_wrong_restores_the_code_and_leaves_the_cache_empty(monkeypatch, caplog, wrong):
+    computed: list = []
+    fake = _stand_in(FAKE, computed)
+    own = fake.__wrapped__.__code__
+    monkeypatch.setattr(cache, "triton_key", fake)
+    memo.save_memo(memo.memo_path(), _real_fingerprint(), FAKE)
+    body = "1 / 0" if wrong == "raises" else "'3.6.0-other'"
+    namespace: dict = {}
+    exec(f"def triton_key():\n    return {body}\n", namespace)
+    monkeypatch.setattr(memo, "_constant_code", lambda key: namespace["triton_key"].__code__)
+    with caplog.at_level(logging.WARNING, logger="ditgate.kernels"):
+        assert memo.install() == "failed"
+    assert len([r for r in caplog.records if r.name == "ditgate.kernels"]) == 1
+    assert fake.__wrapped__.__code__ is own and fake.cache_info().currsize == 0
+    assert fake() == FAKE and computed == [1]  # Triton computes its own when it asks
+
+
+@pytest.mark.parametrize("shape", ["closure", "no lru cache", "arguments"])
+def test_a_triton_key_of_another_shape_is_not_seeded(monkeypatch, shape):
+    value = FAKE
+    if shape == "closure":
+        fake = functools.lru_cache()(lambda: value)
+    elif shape == "no lru cache":
+        fake = _stand_in(FAKE).__wrapped__
+    else:
+        fake = functools.lru_cache()(lambda x=1: FAKE)
+    monkeypatch.setattr(cache, "triton_key", fake)
+    memo.save_memo(memo.memo_path(), _real_fingerprint(), f"{triton.__version__}-remembered")
+    assert memo.install() == "unavailable"
+    assert fake() == FAKE
+    assert memo.read_memo(memo.memo_path()) == {_real_fingerprint(): f"{triton.__version__}-remembered"}
 
 
 SECOND_PROCESS = """
 import json, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
-from triton.runtime import cache
+from triton.runtime import autotuner, cache
 from ditgate.kernels import triton_key_memo as memo
 
 @triton.jit
@@ -153,17 +238,21 @@ try:
 except Exception as exc:
     print(json.dumps({"skip": f"{type(exc).__name__}: {exc}"[:300]}))
     raise SystemExit
+original, code = cache.triton_key, cache.triton_key.__wrapped__.__code__
 cache.triton_key.cache_clear()
 word = memo.install()
 cache.hashlib = None  # triton_key's hashing would raise now
-print(json.dumps({"word": word, "same": compile_copy() == first, "hits": hits}))
+same = compile_copy() == first
+own = cache.triton_key is original and autotuner.triton_key is original and original.__wrapped__.__code__ is code
+print(json.dumps({"word": word, "same": same, "hits": hits, "own": own}))
 """
 
 
 def test_a_kernel_cached_under_triton_s_own_key_loads_under_the_remembered_one(missed, tmp_path):
     """In a process without the interpreter (one that ran under it cannot compile), a kernel compiled for sm_90 (no
-    GPU needed: Triton's front end, LLVM and its bundled ptxas) with Triton's own key, then again with the memo's: the
-    second compile is a disk-cache hit of the same kernel, and nothing hashed."""
+    GPU needed: Triton's front end, LLVM and its bundled ptxas) with Triton's own key, then again after the memo's
+    hit: the second compile is a disk-cache hit of the same kernel, nothing hashed, and every name of Triton's is
+    its own function after it."""
     _copy_memo(missed[-1])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
@@ -174,21 +263,19 @@ def test_a_kernel_cached_under_triton_s_own_key_loads_under_the_remembered_one(m
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if "skip" in result:
         pytest.skip(f"cannot compile for sm_90 here: {result['skip']}")
-    assert result == {"word": "hit", "same": True, "hits": [False, True]}
+    assert result == {"word": "hit", "same": True, "hits": [False, True], "own": True}
 
 
-def test_install_runs_once_per_process_and_uninstall_restores(missed, monkeypatch):
+def test_install_runs_once_per_process_and_uninstall_forgets_it(missed):
     _copy_memo(missed[-1])
-    compat = types.ModuleType(COMPAT)
-    compat.triton_key = ORIGINAL
-    monkeypatch.setitem(sys.modules, COMPAT, compat)
-    ORIGINAL.cache_clear()
     assert memo.install() == "hit"
     memo.memo_path().unlink()
     assert memo.install() == "hit"  # the first answer, the file not read again
-    assert cache.triton_key is not ORIGINAL
     memo.uninstall()
-    assert cache.triton_key is ORIGINAL and autotuner.triton_key is ORIGINAL and compat.triton_key is ORIGINAL
+    memo.forget_triton_key()
+    assert ORIGINAL.cache_info().currsize == 0
+    assert memo.install() == "miss"  # asked again: the file is gone
+    assert cache.triton_key is ORIGINAL and ORIGINAL.cache_info().currsize == 0
 
 
 def test_the_fingerprint_covers_every_file_triton_key_reads():
@@ -250,63 +337,55 @@ def test_cached_bytecode_and_another_root_are_told_apart_correctly(tmp_path):
 def test_a_corrupt_or_foreign_memo_warns_once_misses_and_is_replaced(monkeypatch, caplog, text):
     memo.memo_path().parent.mkdir(parents=True, exist_ok=True)
     memo.memo_path().write_text(text)
-    monkeypatch.setattr(cache, "triton_key", _empty(f"{triton.__version__}-fake"))
+    fake = _stand_in(FAKE)
+    monkeypatch.setattr(cache, "triton_key", fake)
     with caplog.at_level(logging.WARNING, logger="ditgate.kernels"):
         assert memo.install() == "miss"
-        cache.triton_key()
+        fake()
+        assert memo.remember() is True
     assert len([r for r in caplog.records if r.name == "ditgate.kernels"]) == 1
     payload = json.loads(memo.memo_path().read_text())
-    assert payload == {"version": 1, "keys": {_real_fingerprint(): f"{triton.__version__}-fake"}}
+    assert payload == {"version": 1, "keys": {_real_fingerprint(): FAKE}}
 
 
 def test_the_environment_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("DITGATE_TRITON_KEY_MEMO", "0")
-    fake = _empty(f"{triton.__version__}-fake")
+    memo.save_memo(memo.memo_path(), _real_fingerprint(), f"{triton.__version__}-remembered")
+    fake = _stand_in(FAKE)
     monkeypatch.setattr(cache, "triton_key", fake)
     assert memo.install() == "disabled"
-    assert cache.triton_key is fake and fake.cache_info().currsize == 0
-    assert not memo.memo_path().exists()
+    assert fake.cache_info().currsize == 0 and fake() == FAKE
 
 
-def test_a_key_already_computed_is_kept_for_next_time_and_nothing_is_replaced(monkeypatch):
-    fake = _filled(f"{triton.__version__}-already")
+def test_a_key_already_computed_is_kept_for_next_time_and_nothing_is_seeded(monkeypatch):
+    computed: list = []
+    fake = _stand_in(f"{triton.__version__}-already", computed)
+    fake()
     monkeypatch.setattr(cache, "triton_key", fake)
     assert memo.install() == "already"
-    assert cache.triton_key is fake
+    assert computed == [1] and fake.cache_info().misses == 1
     assert memo.read_memo(memo.memo_path()) == {_real_fingerprint(): f"{triton.__version__}-already"}
     memo.uninstall()
-    monkeypatch.setattr(cache, "triton_key", _empty("never called"))
-    assert memo.install() == "hit" and cache.triton_key() == f"{triton.__version__}-already"
+    fresh = _stand_in("never computed", computed)
+    monkeypatch.setattr(cache, "triton_key", fresh)
+    assert memo.install() == "hit" and fresh() == f"{triton.__version__}-already" and computed == [1]
 
 
 @pytest.mark.parametrize("why", ["interpreter", "version", "cuda"])
-def test_where_it_does_not_apply_nothing_is_read_written_or_replaced(monkeypatch, why):
+def test_where_it_does_not_apply_nothing_is_read_written_or_seeded(monkeypatch, why):
     if why == "cuda" and memo.torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
-    fake = _empty(f"{triton.__version__}-fake")
+    fake = _stand_in(FAKE)
     monkeypatch.setattr(cache, "triton_key", fake)
     if why == "interpreter":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     elif why == "version":
         monkeypatch.setattr(triton, "__version__", "3.7.0")
     assert memo.install(require_cuda=why == "cuda") == "unavailable"
-    assert cache.triton_key is fake and fake.cache_info().currsize == 0
+    assert fake.cache_info().currsize == 0
+    fake()
+    assert memo.remember() is False
     assert not memo.memo_path().exists()
-
-
-def test_two_threads_that_launch_together_compute_the_key_once(monkeypatch):
-    calls: list[str] = []
-    monkeypatch.setattr(cache, "triton_key", _empty(f"{triton.__version__}-slow", calls, delay_s=0.2))
-    saved: list[str] = []
-    save = memo.save_memo
-    monkeypatch.setattr(memo, "save_memo", lambda *args: saved.append(args[-1]) or save(*args))
-    words: list[str] = []
-    threads = [threading.Thread(target=lambda: words.append(memo.install()) or cache.triton_key()) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert words == ["miss", "miss"] and len(calls) == 1 and saved == [f"{triton.__version__}-slow"]
 
 
 def test_the_file_keeps_the_newest_entries():
@@ -323,7 +402,19 @@ def test_a_failure_inside_never_reaches_attach(monkeypatch, caplog):
         assert memo.install() == "failed"
         assert memo.install() == "failed"
     assert len([r for r in caplog.records if "ZeroDivisionError" in r.getMessage()]) == 1
-    assert cache.triton_key is ORIGINAL
+    assert ORIGINAL.cache_info().currsize == 0
+
+
+def test_a_failure_to_remember_never_reaches_the_plan(monkeypatch, caplog):
+    fake = _stand_in(FAKE)
+    monkeypatch.setattr(cache, "triton_key", fake)
+    assert memo.install() == "miss"
+    monkeypatch.setattr(memo, "read_memo", lambda path: 1 / 0)
+    fake()
+    with caplog.at_level(logging.WARNING, logger="ditgate.kernels"):
+        assert memo.remember() is False
+        assert memo.remember() is False
+    assert len([r for r in caplog.records if "ZeroDivisionError" in r.getMessage()]) == 1
 
 
 def test_attach_installs_it_before_any_form_is_made(monkeypatch):
@@ -334,3 +425,19 @@ def test_attach_installs_it_before_any_form_is_made(monkeypatch):
     plan = ditgate.attach(Tiny("tiny-wan").model, measure=False)
     plan.detach()
     assert seen == ["install {'require_cuda': True}", "forms"]
+
+
+def test_a_plan_remembers_the_key_when_calibration_ends_and_on_detach(monkeypatch):
+    from .test_calibration import LENIENT, FakeForm
+
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["good"], extra_forms=[FakeForm("good")],
+                          timing_cache=False)
+    seen: list = []
+    monkeypatch.setattr(memo, "remember", lambda: seen.append(len(plan._whole)) or False)
+    tiny.forward()  # calibrates, then the whole-model check
+    assert seen == [1]  # after the check: every launch of calibration made
+    tiny.forward()
+    assert seen == [1]
+    plan.detach()
+    assert seen == [1, 1]

@@ -266,6 +266,7 @@ class Plan:
                 self.context.sparse.checking = False
         self._whole.append(check)
         self.chooser.book.flush()
+        triton_key_memo.remember()  # after a miss: the key Triton computed for calibration's first launch, saved
         self._release_losers()
         if self.linear is not None:
             self.linear.settle(self.chooser.verdicts)
@@ -399,6 +400,7 @@ class Plan:
             self.linear.detach()
         self._captured.clear()
         self._host_outputs.clear()
+        triton_key_memo.remember()  # static and receipt plans launch Triton only in the caller's forwards
         self._detached = True
 
     @property

@@ -6,30 +6,33 @@ Why: in every new process Triton's first kernel launch, even of a kernel in its 
 keeps the value under a fingerprint of those files' ``stat`` (a few ms), taken over whole folders (a superset of what
 ``triton_key`` reads); a rewrite or reinstall changes a ctime, so a changed Triton is always a miss.
 
-The names through which Triton reaches the key are replaced: ``triton.runtime.cache.triton_key`` (``get_cache_key``
-reads that global at call time; in Triton 3.6 ``triton.compile`` and the JIT's asynchronous compile reach the file
-cache only through it), the autotuner's imported ``triton_key`` and, where imported,
-``torch._inductor.runtime.triton_compat.triton_key`` (Inductor reads it there at call time; imported later, it takes
-the replaced one). On a hit they return the remembered string, the one Triton would compute; on a miss Triton's own
-value, computed when Triton first asks (a process that launches no Triton pays nothing) and saved. Off under
-``TRITON_INTERPRET=1`` (the interpreter never compiles, so never asks) and with ``DITGATE_TRITON_KEY_MEMO=0``.
+No name of Triton's is replaced. ``triton_key`` is ``functools.lru_cache()(f)``, and every reader
+(``get_cache_key``, the autotuner's imported name, ``torch._inductor.runtime.triton_compat``) calls that one object.
+On a hit, ``install`` fills its cache: for one call, under a lock, ``f.__code__`` is the code of a function that
+returns the remembered string as a constant, and the original code is back in a ``finally``. Afterwards every name
+is Triton's own function, whose cache holds exactly the value Triton would compute (what the memo saved is what
+``triton_key`` returned under the same fingerprint), so a detached plan leaves nothing of ditgate in Triton. Where
+``triton_key`` is not of that shape (no ``__wrapped__``, a closure, arguments), nothing is seeded. On a miss nothing
+is touched: Triton hashes when it first asks, as without the memo (a process that launches no Triton pays nothing),
+and ``remember()``, which ``attach``'s plan calls when a denoiser's calibration ends and on detach, saves the value
+its cache then holds (no hashing: a cached value). Off under ``TRITON_INTERPRET=1`` (the interpreter never
+compiles, so never asks) and with ``DITGATE_TRITON_KEY_MEMO=0``.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
-import sys
 import sysconfig
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from inspect import CO_VARARGS, CO_VARKEYWORDS
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, FunctionType, ModuleType
 
 import torch
 
@@ -40,11 +43,11 @@ logger = logging.getLogger("ditgate.kernels")
 MEMO_VERSION = 1
 MAX_ENTRIES = 4  # Triton installs remembered (venvs may share a cache root); the oldest goes first
 VERIFIED = ("3.6.",)  # versions whose triton_key was read: it hashes no file outside the fingerprint
-PATCHED = ("triton.runtime.cache", "triton.runtime.autotuner", "torch._inductor.runtime.triton_compat")
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # this module's process state
+_seed_lock = threading.Lock()  # held while triton_key's function runs the constant code
 _word: str | None = None  # what this process's install did; None until it ran
-_originals: dict[str, Callable[[], str]] = {}  # module name -> its triton_key before the patch
+_pending: tuple[Path, str] | None = None  # after a miss: (memo file, fingerprint) remember() saves under, once
 _warned: set[str] = set()
 
 
@@ -104,8 +107,9 @@ def read_memo(path: Path) -> dict[str, str]:
     return {}
 
 
-def save_memo(path: Path, fp: str, key: str) -> None:
-    """``fp -> key`` added to the file's entries now (another process may have added one), atomically."""
+def save_memo(path: Path, fp: str, key: str) -> bool:
+    """``fp -> key`` added to the file's entries now (another process may have added one), atomically; False (said)
+    where it could not be written."""
     keys = {**{k: v for k, v in read_memo(path).items() if k != fp}, fp: key}  # fp moves to the newest end
     payload = {"version": MEMO_VERSION, "keys": dict(list(keys.items())[-MAX_ENTRIES:])}
     try:
@@ -116,67 +120,87 @@ def save_memo(path: Path, fp: str, key: str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         logger.warning("ditgate: could not write the Triton key memo %s: %s", path, exc)
+        return False
+    return True
 
 
-def _recording(original: Callable[[], str], path: Path, fp: str) -> Callable[[], str]:
-    """A miss's stand-in: Triton's own key, saved once computed. Locked, so threads that launch their first kernels
-    together wait for one hash instead of each hashing (Triton's ``lru_cache`` lets them)."""
-    lock, saved = threading.Lock(), []
-
-    @functools.lru_cache(maxsize=None)
-    def triton_key() -> str:
-        with lock:
-            key = original()
-            if not saved:  # the first thread here saves; one that waited finds the key computed and saved
-                saved.append(save_memo(path, fp, key))
-            return key
-
-    return triton_key
+def _constant_code(key: str) -> CodeType:
+    """The code of ``def triton_key(): return <key>``: the string a constant of the code (a name would be looked up
+    in Triton's module globals, the function's, when it runs there)."""
+    namespace: dict[str, Callable[[], str]] = {}
+    exec(compile(f"def triton_key():\n    return {key!r}\n", "<ditgate.triton_key_memo>", "exec"), {}, namespace)
+    return namespace["triton_key"].__code__
 
 
-def _patch(stand_in: Callable[[], str]) -> None:
-    for name in PATCHED:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "triton_key"):
-            _originals[name] = module.triton_key
-            module.triton_key = stand_in
+def _seedable(triton_key: object) -> bool:
+    """Triton's ``triton_key`` as read: an lru cache around a function of no arguments and no closure."""
+    f = getattr(triton_key, "__wrapped__", None)
+    return (hasattr(triton_key, "cache_info") and hasattr(triton_key, "cache_clear") and isinstance(f, FunctionType)
+            and not f.__code__.co_freevars and f.__closure__ is None and f.__code__.co_argcount == 0
+            and not f.__code__.co_kwonlyargcount and not f.__code__.co_flags & (CO_VARARGS | CO_VARKEYWORDS))
+
+
+def _seed(triton_key: Callable[[], str], key: str) -> None:
+    """Fill ``triton_key``'s own lru cache with ``key``: its function runs the constant code for one call, its own
+    code back in place after it. Raises (the cache emptied) where the cache does not then hold exactly ``key``."""
+    f, code = triton_key.__wrapped__, _constant_code(key)
+    if code.co_freevars or code.co_names or f.__code__.co_freevars:
+        raise RuntimeError("triton_key's function or the constant code has free names; not seeded")
+    with _seed_lock:
+        own = f.__code__
+        try:
+            f.__code__ = code
+            try:
+                triton_key()
+            finally:
+                f.__code__ = own
+            held = triton_key.cache_info().currsize == 1 and triton_key() == key
+        except BaseException:
+            triton_key.cache_clear()
+            raise
+    if not held:
+        triton_key.cache_clear()  # Triton computes its own when it asks
+        raise RuntimeError("triton_key's cache did not take the remembered value")
 
 
 def _triton_cache(require_cuda: bool) -> ModuleType | None:
-    """``triton.runtime.cache`` where the memo applies (a verified Triton, its lru-cached key, no interpreter)."""
+    """``triton.runtime.cache`` where the memo applies (a verified Triton, its lru-cached key of the shape read, no
+    interpreter)."""
     if require_cuda and not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
         return None
     import triton
-    from triton.runtime import autotuner, cache  # noqa: F401  (the autotuner holds one of the names replaced)
-    usable = triton.__version__.startswith(VERIFIED) and hasattr(getattr(cache, "triton_key", None), "cache_info")
+    from triton.runtime import cache
+    usable = triton.__version__.startswith(VERIFIED) and _seedable(getattr(cache, "triton_key", None))
     return cache if usable and not triton.knobs.runtime.interpret else None
 
 
 def _install(require_cuda: bool) -> str:
+    global _pending
     if os.environ.get("DITGATE_TRITON_KEY_MEMO") == "0":
         return "disabled"
     cache = _triton_cache(require_cuda)
     if cache is None:
         return "unavailable"
     fp = fingerprint(os.path.dirname(os.path.dirname(os.path.abspath(cache.__file__))), cache.__version__)
-    path, original = memo_path(), cache.triton_key
-    if original.cache_info().currsize:  # computed already in this process: nothing to save, keep it for next time
-        if read_memo(path).get(fp) != original():
-            save_memo(path, fp, original())
+    path, triton_key = memo_path(), cache.triton_key
+    if triton_key.cache_info().currsize:  # computed already in this process: nothing to seed, keep it for next time
+        if read_memo(path).get(fp) != triton_key():
+            save_memo(path, fp, triton_key())
         return "already"
     key = read_memo(path).get(fp)
     if key is not None and key.startswith(cache.__version__):  # triton_key's value begins with it
-        _patch(functools.lru_cache(maxsize=None)(lambda: key))  # of triton_key's shape: an lru_cache
+        _seed(triton_key, key)
         return "hit"
-    _patch(_recording(original, path, fp))
+    _pending = (path, fp)
     return "miss"
 
 
 def install(*, require_cuda: bool = False) -> str:
-    """Serve ``triton_key`` from the memo, or fill it when Triton computes it; once per process (later calls return
-    the first answer): "hit", "miss", "already" (Triton had computed it), "disabled", "unavailable" (no Triton; no
-    CUDA where ``require_cuda``; the interpreter; an unverified Triton) or "failed" (said once: it never raises, as a
-    failure here must not cost ``attach`` its routes)."""
+    """Fill Triton's ``triton_key`` cache from the memo; once per process (later calls return the first answer):
+    "hit" (its cache holds the remembered value), "miss" (nothing touched; ``remember()`` saves Triton's value once
+    computed), "already" (Triton had computed it; saved if new), "disabled", "unavailable" (no Triton; no CUDA where
+    ``require_cuda``; the interpreter; an unverified Triton or ``triton_key`` of another shape) or "failed" (said
+    once: it never raises, as a failure here must not cost ``attach`` its routes)."""
     global _word
     with _lock:
         if _word is None:
@@ -188,12 +212,42 @@ def install(*, require_cuda: bool = False) -> str:
         return _word
 
 
-def uninstall() -> None:
-    """Put Triton's own ``triton_key`` back and forget this process's install and warnings (for tests)."""
-    global _word
+def remember() -> bool:
+    """After a miss, save the key Triton's cache now holds (reading it hashes nothing); True when saved. Cheap where
+    there is nothing to do: without a miss to complete, or while Triton has not computed the key, it looks at no file;
+    once the key is found (saved here, or saved by another process meanwhile) it is done for the process. Never
+    raises (a failure is said once)."""
+    global _pending
     with _lock:
-        for name in _originals.keys() & sys.modules.keys():  # a module removed since has nothing to restore
-            sys.modules[name].triton_key = _originals[name]
-        _originals.clear()
+        if _pending is None:
+            return False
+        try:
+            from triton.runtime import cache
+            if not cache.triton_key.cache_info().currsize:
+                return False
+            path, fp = _pending
+            key = cache.triton_key()  # the cached value
+            _pending = None
+            if read_memo(path).get(fp) == key:
+                return False
+            return save_memo(path, fp, key)
+        except Exception as exc:
+            _pending = None
+            _warn_once("remember", "ditgate: Triton key memo not saved: %s: %s", type(exc).__name__, exc)
+            return False
+
+
+def forget_triton_key() -> None:
+    """Empty Triton's own ``triton_key`` cache (for tests: ``uninstall`` cannot undo a seed, and the next call
+    computes Triton's value again)."""
+    from triton.runtime import cache
+    cache.triton_key.cache_clear()
+
+
+def uninstall() -> None:
+    """Forget this process's install, its pending save and its warnings (for tests). Triton holds nothing of ditgate
+    to put back; its cache keeps the value it holds (``forget_triton_key`` empties it)."""
+    global _word, _pending
+    with _lock:
         _warned.clear()
-        _word = None
+        _word = _pending = None
