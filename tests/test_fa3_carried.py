@@ -137,15 +137,11 @@ def _dequantized_attention(q8, k8, v8, scale, causal, descale):
     return out.transpose(1, 2).bfloat16()
 
 
-@pytest.fixture
-def form(monkeypatch):
-    """fa3_fp8 with its kernels bound without the probe (no FA3 here), counting which quantization each call took."""
+def _bound(f, taken):
+    """``f`` with its kernels bound without the probe (no FA3 here), counting which quantization each call took."""
     import ditgate.kernels.fp8_heads as heads
     import ditgate.kernels.fp8_heads_carried as carried
     from ditgate.kernels.launches import recording
-
-    f = create_forms(["fa3_fp8"])["fa3_fp8"]
-    taken = []
 
     def two_pass(*a, **kw):
         taken.append("two")
@@ -155,8 +151,15 @@ def form(monkeypatch):
         taken.append("one")
         return carried.quantize_heads_carried(*a, **kw)
     f._quantize, f._carried, f._accumulator_size, f._recording = two_pass, one_pass, heads.accumulator_size, recording
-    monkeypatch.setattr(f, "_attend", _dequantized_attention)
+    f._attend = _dequantized_attention
     f.taken = taken
+    return f
+
+
+@pytest.fixture
+def form():
+    """fa3_fp8 with its kernels bound without the probe, FA3's kernel as float64 attention over the copies."""
+    f = _bound(create_forms(["fa3_fp8"])["fa3_fp8"], [])
     yield f
     f.release()
 
@@ -196,6 +199,16 @@ def test_the_form_keeps_statistics_per_site_and_shape(form):
     assert form.resident_bytes() == 0 and not form._last
     _run(form, *calls[0], "blocks.0.attn")
     assert form.taken[-1] == "two"  # released: the statistics are gone
+
+
+def test_the_environment_can_keep_every_call_on_two_passes(monkeypatch):
+    monkeypatch.setenv("DITGATE_FA3_FP8_CARRY", "0")
+    f = _bound(create_forms(["fa3_fp8"])["fa3_fp8"], [])
+    q, k, v = _inputs(*SHAPE, seed=50)
+    for _ in range(3):
+        _run(f, q, k, v, "s")
+    assert f.taken == ["two", "two", "two"] and not f._last
+    f.release()
 
 
 def test_one_pass_is_as_accurate_as_two(form):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 
 import torch
 
@@ -156,15 +157,15 @@ class FlashAttn3Fp8(_FlashAttn3Base):
     # unwritten copies (it is not run in a thread: fa3-fwd failed there on an H100)
     compiles_ahead = True
 
-    # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``)
-    carry_scales = True
-
     def __init__(self) -> None:
         super().__init__()
         self._quantize = self._carried = self._accumulator_size = self._recording = None
         self._pool: WorkspacePool | None = None
         self._last: dict[tuple, int] = {}  # (site, shapes, device) -> which of its two statistics buffers is the last
         self._repaired: dict[str, torch.Tensor] = {}  # device -> heads repaired there (int32 on that device)
+        # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``);
+        # DITGATE_FA3_FP8_CARRY=0 keeps every call on the two passes
+        self.carry_scales = os.environ.get("DITGATE_FA3_FP8_CARRY") != "0"
 
     def _probe(self) -> Availability:
         avail = super()._probe()
