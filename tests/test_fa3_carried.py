@@ -87,7 +87,8 @@ def test_the_pass_quantizes_at_the_carried_scales_and_leaves_the_next_calls_stat
         _agrees(copy, exact[i] / _per_head(z.descale[i], HQ // HKV if i == 0 else 1))
     # what the pass leaves: the absmax of what it quantized (K less the mean it used) and K's column sums
     sums, amax = split_accumulators(into, k2)
-    want = torch.stack([p2[0].reshape(B, HKV, -1).abs().amax(-1), exact[1].abs().amax((2, 3)), p2[2].abs().amax((2, 3))])
+    want = torch.stack([p2[0].reshape(B, HKV, -1).abs().amax(-1), exact[1].abs().amax((2, 3)),
+                        p2[2].abs().amax((2, 3))])
     assert torch.allclose(amax.double().cpu().view(3, B, HKV), want, rtol=1e-3)
     assert torch.allclose(sums.double().cpu().view(B, HKV, D) / 65536, p2[1].sum(2), atol=S * 2.0 ** -16)
 
@@ -113,6 +114,35 @@ def test_heads_whose_carried_scale_did_not_hold_are_quantized_again_exactly():
     _agrees(z.query, p2[0] / _per_head(z.descale[0], HQ // HKV))
     _agrees(z.value, p2[2] / _per_head(z.descale[2], 1))
     assert z.value.cpu().double().abs().max().item() == FP8_MAX  # the exact scale puts the absmax on 448
+
+
+def test_only_the_heads_that_missed_are_repaired_across_batches_and_many_blocks():
+    """Two batches, 18 blocks of rows per head (more than the repair launch's programs per head): batch 1's keys a
+    hundred times larger (clamped at the carried scale) and batch 0's values a thousand times smaller (scale far too
+    large) are quantized again; every other head keeps its carried scale; every copy is the nearest e4m3 value."""
+    B, HQ, HKV, S, D = 2, 2, 1, 2200, 64
+    q1, k1, v1 = _inputs(B, HQ, HKV, S, D, seed=6)
+    q2, k2, v2 = _inputs(B, HQ, HKV, S, D, seed=7)
+    k2, v2 = k2.clone(), v2.clone()
+    k2[1] *= 100
+    v2[0] *= 1e-3
+    last, into = _stats(q1, k1)
+    quantize_heads(q1, k1, v1, accumulators=last)
+    repaired = _counter()
+    z = quantize_heads_carried(q2, k2, v2, last, into, repaired)
+    assert repaired.item() == 2
+    sums, amax = split_accumulators(last, k1)
+    carried = amax.double().cpu().view(3, B, HKV) * HEADROOM / FP8_MAX
+    mean = sums.double().cpu().view(B, HKV, 1, D) / 65536 / S
+    p2 = [t.double().cpu() for t in (q2, k2, v2)]
+    exact = (p2[0], p2[1] - mean, p2[2])
+    got = z.descale.double().cpu()
+    assert torch.allclose(got[0], carried[0], rtol=1e-6)  # Q: no head missed
+    assert torch.allclose(got[1, 0], carried[1, 0], rtol=1e-6) and torch.allclose(got[2, 1], carried[2, 1], rtol=1e-6)
+    assert torch.allclose(got[1, 1], exact[1][1].abs().amax() / FP8_MAX, rtol=1e-5)  # repaired: the exact scales
+    assert torch.allclose(got[2, 0], exact[2][0].abs().amax() / FP8_MAX, rtol=1e-5)
+    for i, copy in enumerate((z.query, z.key, z.value)):
+        _agrees(copy, exact[i] / _per_head(z.descale[i], HQ // HKV if i == 0 else 1))
 
 
 def test_the_pass_refuses_accumulators_that_do_not_fit():
@@ -201,6 +231,18 @@ def test_the_form_keeps_statistics_per_site_and_shape(form):
     assert form.taken[-1] == "two"  # released: the statistics are gone
 
 
+def test_shapes_whose_statistics_are_the_same_size_keep_their_own(form):
+    """Cond and uncond calls with keys cut to their own prompts differ in length alone: each keeps its statistics
+    (here the second's values are two hundred times the first's; reading each other's would repair every V head)."""
+    a = _inputs(*SHAPE, seed=60)
+    b = _inputs(1, 4, 2, 40, 64, seed=61, scales=(1.0, 1.0, 200.0))
+    for _ in range(3):
+        for q, k, v in (a, b):
+            _run(form, q, k, v, "s")
+    assert form.taken == ["two", "two", "one", "one", "one", "one"]
+    assert form.repaired_heads() == 0
+
+
 def test_the_environment_can_keep_every_call_on_two_passes(monkeypatch):
     monkeypatch.setenv("DITGATE_FA3_FP8_CARRY", "0")
     f = _bound(create_forms(["fa3_fp8"])["fa3_fp8"], [])
@@ -234,19 +276,29 @@ DRY_CALL = HOPPER + textwrap.dedent("""
     form._accumulator_size, form._recording = heads.accumulator_size, recording
     form._attend = lambda q, k, v, scale, causal, descale: torch.zeros(q.shape, dtype=torch.bfloat16)
     q, k, v = (torch.empty(1, 300, h, 128, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2))
+    form._pool = __import__("ditgate.forms.workspace", fromlist=["x"]).WorkspacePool()
+    live = AttentionInputs(q, k, v, site="blocks.1.attn")  # a site with statistics from earlier calls
+    key, stats = form._statistics(live)
+    for buf in stats:
+        buf.fill_(7)
+    form._last[key] = 1
     with recorded_launches() as launches:
         form.run(AttentionInputs(q, k, v, site="blocks.0.attn"))
-    kept = len(form._last)
-    print(json.dumps({"recorded": [l.kernel.fn.__name__ for l in launches], "kept": kept,
+        form.run(live)
+    untouched = all(bool((buf == 7).all()) for buf in stats) and form._last == {key: 1}
+    kept = len(form._last) - 1
+    launches = launches[:4]
+    print(json.dumps({"recorded": [l.kernel.fn.__name__ for l in launches], "kept": kept, "untouched": untouched,
                       "compiled": compile_launches(launches, workers=2),
                       "built": sorted(c["kernel"] for c in compiles if not c["hit"])}))
 """)
 
 
-def test_a_dry_call_records_both_paths_and_keeps_nothing_and_they_compile_for_hopper(tmp_path):
+def test_a_dry_call_records_both_paths_keeps_nothing_touches_no_statistics_and_they_compile(tmp_path):
     got = _child(tmp_path, DRY_CALL)
     kernels = ["_reduce_kernel", "_quantize_kernel", "_carried_kernel", "_repair_kernel"]
     assert got["recorded"] == kernels and got["kept"] == 0
+    assert got["untouched"]  # a dry call at a site with statistics leaves them (its zeroing runs on scratch)
     assert got["compiled"] == 4 and got["built"] == sorted(kernels)
 
 

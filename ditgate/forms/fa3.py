@@ -28,7 +28,8 @@ Forms here: ``fa3`` serves bf16 calls as they come (B, H, S, D views transposed 
 B, S, H, D tensors). ``fa3_fp8`` quantizes Q, K and V with ``kernels.fp8_heads`` (per-(batch, kv head) scales,
 K smoothed by its mean) into the form's workspace and runs FA3's FP8 kernel with those descales; fp16 callers
 get the bf16 output cast back. From a site's second call at a shape on, the quantization reads the inputs once, at
-the scales the site's previous call left (``kernels.fp8_heads_carried``; ``_quantizer`` says when). Eager calls go straight to ``torch.ops.fa3_fwd.fwd``, skipping the autograd
+the scales the site's previous call left (``kernels.fp8_heads_carried``; ``_quantizer`` says when).
+Eager calls go straight to ``torch.ops.fa3_fwd.fwd``, skipping the autograd
 Function and the custom op's Python dispatch (host time at image lengths, where the kernel takes 0.3 ms); under
 ``torch.compile`` the package's custom op is called instead, since it carries the fake implementation.
 """
@@ -200,25 +201,30 @@ class FlashAttn3Fp8(_FlashAttn3Base):
                              buffers=lambda shape, dtype, name: pool.get(shape, dtype, device, f"fa3_fp8:{name}"))
 
     def _quantizer(self, inputs: AttentionInputs):
-        """How this call is quantized: in one pass at the scales its site's previous call left
+        """How this call is quantized: in one pass at the scales its site's previous call at this shape left
         (``kernels.fp8_heads_carried``) where the router names the site and that site has called at this shape
         before; else in two passes, keeping the statistics for the site's next call. A call with no site (a
         benchmark, the context-parallel path) takes two passes and keeps nothing. A dry call (compile ahead) records
-        both paths' launches and keeps nothing, as its launches write nothing."""
+        both paths' launches on scratch accumulators: its torch operations run (the zeroing), so the site's own
+        statistics must not be the ones it touches."""
         if inputs.site is None or not self.carry_scales:
             return self._quantize
-        quantize_heads_carried, recording = self._carried, self._recording
+        quantize_heads_carried = self._carried
         q, k = inputs.query, inputs.key
-        device, key = q.device, (inputs.site, tuple(q.shape), tuple(k.shape), str(q.device))
-        size = self._accumulator_size(q, k)
-        stats = [self._pool.get((size,), torch.int64, device, f"fa3_fp8:carried:{inputs.site}:{i}") for i in (0, 1)]
+        device = q.device
+        if self._recording():
+            def dry(q, k, v, buffers=None):
+                scratch = [torch.empty(self._accumulator_size(q, k), dtype=torch.int64, device=device)
+                           for _ in range(2)]
+                self._quantize(q, k, v, buffers=buffers, accumulators=scratch[0])
+                return quantize_heads_carried(q, k, v, scratch[0], scratch[1], self._repaired_counter(device),
+                                              buffers)
+            return dry
+        key, stats = self._statistics(inputs)
         repaired = self._repaired_counter(device)
         last = self._last.get(key)
 
         def quantize(q, k, v, buffers=None):
-            if recording():
-                self._quantize(q, k, v, buffers=buffers, accumulators=stats[0])
-                return quantize_heads_carried(q, k, v, stats[0], stats[1], repaired, buffers)
             if last is None:
                 z = self._quantize(q, k, v, buffers=buffers, accumulators=stats[0])
                 self._last[key] = 0
@@ -227,6 +233,16 @@ class FlashAttn3Fp8(_FlashAttn3Base):
             self._last[key] = 1 - last
             return z
         return quantize
+
+    def _statistics(self, inputs: AttentionInputs) -> tuple[tuple, list[torch.Tensor]]:
+        """The key of a site's statistics at this call's shapes and its two buffers (the pool's, one pair per key:
+        two shapes whose buffers would be the same size, such as cond and uncond calls with keys cut to their own
+        prompts' lengths, must not read each other's)."""
+        q, k = inputs.query, inputs.key
+        key = (inputs.site, tuple(q.shape), tuple(k.shape), str(q.device))
+        size = self._accumulator_size(q, k)
+        name = f"fa3_fp8:carried:{inputs.site}:{key[1]}:{key[2]}"
+        return key, [self._pool.get((size,), torch.int64, q.device, f"{name}:{i}") for i in (0, 1)]
 
     def _repaired_counter(self, device: torch.device) -> torch.Tensor:
         counter = self._repaired.get(str(device))

@@ -16,8 +16,13 @@ previous call already knows each head's scale to within a small factor. This pas
 - Check: the pass takes each head's absmax of what it quantized (K's less the mean it used). A head whose absmax
   exceeds 448 times its scale (something was clamped) or lies more than ``MAX_OVERSCALE`` times below it (the
   scale was far too large) is quantized again by ``_repair_kernel`` with its exact scale, and its descale factor
-  replaced. Both run on the device, with no synchronisation: a CUDA graph or a compiled program replays them as
-  they are. Where nothing needs repair, the repair launch's programs read two numbers and stop.
+  replaced. The check runs on the device, with no synchronisation. Where nothing needs repair, the repair launch's
+  programs (``REPAIR_SPLIT`` per head of Q, K and V) read two numbers and stop. A CUDA graph captured around an
+  eager call replays both launches on the statistics the captured call read (the host picks the buffers once, at
+  capture); the repair keeps those copies right.
+- After a site's first call (two passes), K's carried absmax is that of the raw keys, not of the keys less their
+  mean; so the second call's K scale is too large by the keys' offset, and a head whose offset exceeds about 16
+  times its spread is repaired once, at that call. From then on the pass records the smoothed absmax.
 
 A call without statistics (a site's first call) runs ``quantize_heads`` with accumulators the caller keeps: they are
 this module's ``last`` at the next call. Each call's statistics go into the other of two buffers (``into``), zeroed
