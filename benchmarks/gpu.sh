@@ -29,6 +29,10 @@
 #             ($COMPILED_ARGS replaces the rows asked for, e.g. "--profiles speed --compile default reduce-overhead")
 #   linear    benchmarks/linear_parts.py: the FP8 linear forms' parts (quantization, row-wise and tensor-wise
 #             products) against bf16 F.linear at Wan's and Flux's shapes
+#   parts     benchmarks/attention_parts.py: the 8-bit attention forms' parts (quantization, kernel, whole form;
+#             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES
+#   memo      ditgate bench calibration of $MEMO_PRESET with a second process, Triton's key remembered and not
+#             (DITGATE_TRITON_KEY_MEMO=1 / 0), each in fresh caches
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
 # Each stage writes under $OUT/<stage>/ (JSON, PNG, logs) and the script ends with a short table of every result
@@ -51,6 +55,8 @@ COMPILED_ARGS=${COMPILED_ARGS:-"--profiles quality speed --linear --compile defa
 CALIBRATION_ARGS=${CALIBRATION_ARGS:-"--profiles quality speed --sparse 0.3"}
 MODELS=${MODELS:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8 flux-dev-1024:8"}
 EACH=${EACH:-180}
+PARTS_SHAPES=${PARTS_SHAPES:-"flux-1024 image-8192-hd128 image-8192-hd64"}
+MEMO_PRESET=${MEMO_PRESET:-"wan-1.3b-480p-81f"}
 SPARSE_MODELS=${SPARSE_MODELS:-"ltx-2b-1216x704x257"}  # wan-14b-480p-81f takes about 7 minutes alone
 NOISE="aux_data\|exe_args\|Attention backends are\|float32\|Warn"  # Gluon and diffusers lines nobody reads
 
@@ -193,6 +199,25 @@ stage_linear() {
     gpu_line "$dir"
     timeout ${LINEAR_S:-240} python3 benchmarks/linear_parts.py --out "$dir" 2>&1 | quiet | tee "$dir/linear-parts.log" \
         | tail -4
+}
+
+stage_parts() {  # the 8-bit attention forms' parts at image lengths (fa3_fp8's one-read path beside its two launches)
+    local dir=$OUT/parts
+    mkdir -p "$dir"
+    gpu_line "$dir"
+    timeout ${PARTS_S:-150} python3 benchmarks/attention_parts.py --out "$dir" --shapes $PARTS_SHAPES 2>&1 | quiet \
+        | tee "$dir/attention-parts.log" | tail -20
+}
+
+stage_memo() {  # a second process's calibration with Triton's key remembered and without (DITGATE_TRITON_KEY_MEMO)
+    local dir=$OUT/memo m
+    mkdir -p "$dir"
+    gpu_line "$dir"
+    for m in 1 0; do
+        DITGATE_TRITON_KEY_MEMO=$m DITGATE_CACHE_DIR=/tmp/memo-dc$m TRITON_CACHE_DIR=/tmp/memo-tc$m \
+            timeout ${EACH} python3 -m ditgate.cli.main bench calibration --preset $MEMO_PRESET --profiles quality speed \
+            --second-process --out "$dir/memo-$m" 2>&1 | quiet | tee "$dir/memo-$m.log" | tail -8
+    done
 }
 
 stage_lists() {

@@ -6,7 +6,8 @@ Reads, at most two folders down: bench-kernels.json (one line per shape: each fo
 bench-model-*.json (one line per row: ms, x stock native, cosine, the sites' routes), bench-calibration-*.json
 (seconds and stock forwards per calibration, the forms the per-site and shared gates chose), sparse-attention.json (the dense
 rows and those at budget 0.3: one call and back to back, x the best exact dense form), fixed-costs.json (block lists
-against dense, and the bound) and junit*.xml (test counts).
+against dense, and the bound), attention-parts.json (per shape, the 8-bit forms whole and their quantization
+against cuDNN) and junit*.xml (test counts).
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ def calibration(data: dict) -> list[str]:
     return lines
 
 
+def parts(data: dict) -> list[str]:
+    """attention-parts.json: per shape, the exact kernels and fa3_fp8 whole with two launches and with one read."""
+    lines = []
+    for row in data["rows"]:
+        base = row["cudnn"]
+        cells = [f"{key} {row[key]:.3f} ({base / row[key]:.2f}x)" for key in
+                 ("fa3", "form_fa3_fp8", "form_fa3_fp8_at_site", "form_fp8", "form_int8") if key in row]
+        quant = [f"{key} {row[key]:.3f}" for key in ("heads_8192w2", "heads_carried") if key in row]
+        lines.append(f"  {row['shape']}: cudnn {base:.3f}; " + ", ".join(cells) + "; quantization " + ", ".join(quant))
+    return lines
+
+
 def tests(path: Path) -> list[str]:
     suite = ET.parse(path).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
@@ -89,6 +102,8 @@ def main() -> None:
                 lines = lists(json.loads(path.read_text()))
             elif path.name == "sparse-attention.json":
                 lines = sparse(json.loads(path.read_text()))
+            elif path.name == "attention-parts.json":
+                lines = parts(json.loads(path.read_text()))
             else:
                 continue
         except (ValueError, KeyError, TypeError, ET.ParseError) as exc:  # a run cut short leaves partial files
