@@ -163,6 +163,7 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         self._quantize = self._carried = self._accumulator_size = self._recording = None
         self._pool: WorkspacePool | None = None
         self._last: dict[tuple, int] = {}  # (site, shapes, device) -> which of its two statistics buffers is the last
+        self._stats: dict[tuple, list[torch.Tensor]] = {}  # (site, shapes, device) -> its two buffers (the pool's)
         self._repaired: dict[str, torch.Tensor] = {}  # device -> heads repaired there (int32 on that device)
         # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``);
         # DITGATE_FA3_FP8_CARRY=0 keeps every call on the two passes
@@ -239,10 +240,13 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         two shapes whose buffers would be the same size, such as cond and uncond calls with keys cut to their own
         prompts' lengths, must not read each other's)."""
         q, k = inputs.query, inputs.key
-        key = (inputs.site, tuple(q.shape), tuple(k.shape), str(q.device))
-        size = self._accumulator_size(q, k)
-        name = f"fa3_fp8:carried:{inputs.site}:{key[1]}:{key[2]}"
-        return key, [self._pool.get((size,), torch.int64, q.device, f"{name}:{i}") for i in (0, 1)]
+        key = (inputs.site, q.shape, k.shape, q.device)
+        stats = self._stats.get(key)
+        if stats is None:
+            size = self._accumulator_size(q, k)
+            name = f"fa3_fp8:carried:{inputs.site}:{tuple(q.shape)}:{tuple(k.shape)}"
+            stats = self._stats[key] = [self._pool.get((size,), torch.int64, q.device, f"{name}:{i}") for i in (0, 1)]
+        return key, stats
 
     def _repaired_counter(self, device: torch.device) -> torch.Tensor:
         counter = self._repaired.get(str(device))
@@ -265,6 +269,7 @@ class FlashAttn3Fp8(_FlashAttn3Base):
 
     def release(self) -> None:
         self._last.clear()
+        self._stats.clear()
         self._repaired.clear()
         if self._pool is not None:
             self._pool.release()
