@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +16,44 @@ import torch.nn.functional as F
 from ditgate.forms import AttentionInputs, Availability, Form, FormSpec, MaskKind, Precision
 from ditgate.hosts import model_output
 from ditgate.models.presets import ModelPreset, get_preset
+
+# The start of a child script of ``compiled_child``: a stand-in Triton driver that compiles launches for sm_90 and
+# runs none, and ``compiles``, what Triton's compile listener reports.
+HOPPER = textwrap.dedent("""
+    import json, threading
+    import torch
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class Hopper:
+        '''Enough of Triton's CUDA driver to specialize and compile launches for sm_90, none to run them.'''
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+        def get_current_device(self):
+            return 0
+        def get_current_stream(self, device=None):
+            return 0
+
+    driver.set_active(Hopper())
+    compiles = []
+    knobs.compilation.listener = lambda **kw: compiles.append(
+        {"thread": threading.current_thread().name, "hit": kw["cache_hit"], "kernel": kw["src"].fn.__name__})
+""")
+
+
+def compiled_child(tmp_path: Path, script: str, name: str = "child.py", timeout: int = 600) -> dict:
+    """``script`` run in a child process without ``TRITON_INTERPRET`` (which conftest sets, and under which Triton's
+    kernels are not JIT functions and never compile), with a fresh Triton cache in ``tmp_path``: the JSON of its last
+    line of output. The script is a file, as Triton reads a kernel's source from its file."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    path = tmp_path / name
+    path.write_text(script)
+    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
 
 TINY = ("tiny-ltx", "tiny-wan", "tiny-flux", "tiny-cogvideox", "tiny-pixart", "tiny-hunyuan-video",
         "tiny-hunyuan-video15", "tiny-mochi", "tiny-ltx2", "tiny-cosmos", "tiny-chronoedit", "tiny-wan-animate",

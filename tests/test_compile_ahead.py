@@ -6,10 +6,6 @@ launches of ditgate's FP8 attention (its three quantization passes, then the Glu
 compiles them for sm_90 in two threads. The contest's half runs in this process on torch-only forms."""
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -19,29 +15,7 @@ from ditgate.gate import warm as first_calls
 from ditgate.kernels import launches as launch_records
 from ditgate.models.presets import get_preset
 
-from .helpers import FakeForm, Tiny
-
-HOPPER = textwrap.dedent("""
-    import json, threading
-    import torch
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class Hopper:
-        '''Enough of Triton's CUDA driver to specialize and compile launches for sm_90, none to run them.'''
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-        def get_current_device(self):
-            return 0
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(Hopper())
-    compiles = []
-    knobs.compilation.listener = lambda **kw: compiles.append(
-        {"thread": threading.current_thread().name, "hit": kw["cache_hit"], "kernel": kw["src"].fn.__name__})
-""")
+from .helpers import HOPPER, FakeForm, Tiny, compiled_child
 
 COMPILE_ALL = HOPPER + textwrap.dedent("""
     from ditgate.gate.compile_ahead import compile_launches
@@ -98,18 +72,8 @@ THREAD_SCOPED = HOPPER + textwrap.dedent("""
 """)
 
 
-def _child(tmp_path, script: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a fresh cache: the first compiles really build
-    path = tmp_path / "child.py"  # Triton reads a kernel's source from its file
-    path.write_text(script)
-    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
 def test_recorded_launches_of_a_form_compile_for_hopper_in_threads_once_each(tmp_path):
-    got = _child(tmp_path, COMPILE_ALL)
+    got = compiled_child(tmp_path, COMPILE_ALL)
     kernels = ["_first_pass_kernel", "_kv_scales_kernel", "_quant_kv_kernel", "_hopper_attn_kernel"]
     assert got["recorded"] == kernels * 2
     assert got["first"] == len(kernels) and got["again"] == 0
@@ -119,7 +83,7 @@ def test_recorded_launches_of_a_form_compile_for_hopper_in_threads_once_each(tmp
 
 
 def test_recording_is_scoped_to_its_thread_and_restores_triton(tmp_path):
-    got = _child(tmp_path, THREAD_SCOPED)
+    got = compiled_child(tmp_path, THREAD_SCOPED)
     assert got["recorded"] == 1
     assert got["ran"] == ["other", "MainThread"]
     assert got["restored"]

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from ditgate.kernels.fp8_heads import accumulator_size, quantize_heads, split_accumulators  # noqa: E402
 from ditgate.kernels.fp8_heads_carried import quantize_heads_carried  # noqa: E402
 
-from .test_compile_ahead import HOPPER, _child  # noqa: E402
+from .helpers import HOPPER, compiled_child  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_MAX, HEADROOM = 448.0, 4.0
@@ -295,7 +295,7 @@ DRY_CALL = HOPPER + textwrap.dedent("""
 
 
 def test_a_dry_call_records_both_paths_keeps_nothing_touches_no_statistics_and_they_compile(tmp_path):
-    got = _child(tmp_path, DRY_CALL)
+    got = compiled_child(tmp_path, DRY_CALL)
     kernels = ["_reduce_kernel", "_quantize_kernel", "_carried_kernel", "_repair_kernel"]
     assert got["recorded"] == kernels and got["kept"] == 0
     assert got["untouched"]  # a dry call at a site with statistics leaves them (its zeroing runs on scratch)

@@ -3,11 +3,9 @@
 Compiling needs no GPU: the kernel is compiled for sm_90 (Triton ships its own ptxas) in a child process without
 ``TRITON_INTERPRET`` (which conftest sets), against a fresh cache folder, so the first compile really builds."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
+
+from .helpers import compiled_child
 
 CHILD = textwrap.dedent("""
     import json
@@ -39,13 +37,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_compiles_are_counted_then_loads_from_the_cache(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    script = tmp_path / "compile_twice.py"  # Triton reads a kernel's source from its file
-    script.write_text(CHILD)
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = compiled_child(tmp_path, CHILD, "compile_twice.py", timeout=300)
     first, second = got["rounds"]
     assert (first["compiled"], first["loaded"]) == (1, 0)
     assert first["compile_s"] > 0 and set(first["by_kernel"]) == {"scale_rows"}

@@ -12,7 +12,6 @@ import logging
 import os
 import pkgutil
 import shutil
-import subprocess
 import sys
 import sysconfig
 import types
@@ -25,7 +24,7 @@ from triton.runtime import autotuner, cache  # noqa: E402
 import ditgate  # noqa: E402
 from ditgate.kernels import triton_key_memo as memo  # noqa: E402
 
-from .helpers import Tiny  # noqa: E402
+from .helpers import Tiny, compiled_child  # noqa: E402
 
 TRITON_PATH = os.path.dirname(os.path.dirname(os.path.abspath(cache.__file__)))
 ORIGINAL = cache.triton_key
@@ -254,13 +253,7 @@ def test_a_kernel_cached_under_triton_s_own_key_loads_under_the_remembered_one(m
     hit: the second compile is a disk-cache hit of the same kernel, nothing hashed, and every name of Triton's is
     its own function after it."""
     _copy_memo(missed[-1])
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    script = tmp_path / "second_process.py"  # Triton reads a kernel's source from its file
-    script.write_text(SECOND_PROCESS)
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = compiled_child(tmp_path, SECOND_PROCESS, "second_process.py", timeout=120)
     if "skip" in result:
         pytest.skip(f"cannot compile for sm_90 here: {result['skip']}")
     assert result == {"word": "hit", "same": True, "hits": [False, True], "own": True}
