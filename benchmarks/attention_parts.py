@@ -43,27 +43,20 @@ def ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def _heads_launches(q, k, v, which: str, elements: int, warps: int) -> Callable[[], None]:
+def _heads_launches(q, k, v, which: str) -> Callable[[], None]:
     """One of ``quantize_heads``' two launches alone, on buffers made once (the accumulators left as the first
     call wrote them: the times do not depend on their values)."""
-    B, HQ, SQ, D = q.shape
-    HKV, SKV = k.shape[1], k.shape[2]
-    z = fp8_heads.quantize_heads(q, k, v)
-    n_sums, n_amax = B * HKV * D, 3 * B * HKV
-    acc = torch.zeros(n_sums + (n_amax + 1) // 2, dtype=torch.int64, device=q.device)
-    k_sums, amax = acc[:n_sums], acc[n_sums:].view(torch.float32)[:n_amax]
-    dp = max(16, triton.next_power_of_2(D))
-    block = elements // dp
-    n_q, n_k = triton.cdiv(SQ, block) * B * HQ, triton.cdiv(SKV, block) * B * HKV
-    grid = (n_q + 2 * n_k,)
-    shapes = (HQ, HKV, SQ, SKV, n_q, n_k, B * HQ, B * HKV)
-    strides = (*q.stride(), *k.stride(), *v.stride())
+    D = q.shape[3]
+    acc = torch.zeros(fp8_heads.accumulator_size(q, k), dtype=torch.int64, device=q.device)
+    z = fp8_heads.quantize_heads(q, k, v, accumulators=acc)
+    k_sums, amax = fp8_heads.split_accumulators(acc, k)
+    p = fp8_heads.programs(q, k, v)
     if which == "reduce":
-        return lambda: fp8_heads._reduce_kernel[grid](q, k, v, amax, k_sums, *strides, *shapes, D=D, DP=dp,
-                                                       BLOCK=block, num_warps=warps)
-    return lambda: fp8_heads._quantize_kernel[grid](q, k, v, z.query, z.key, z.value, amax, k_sums, z.descale,
-                                                     *strides, *shapes, D=D, DP=dp, BLOCK=block, REVERSE=True,
-                                                     GRID_FIRST=False, num_warps=warps)
+        return lambda: fp8_heads._reduce_kernel[p.grid](q, k, v, amax, k_sums, *p.strides, *p.shapes, D=D, DP=p.dp,
+                                                         BLOCK=p.block, num_warps=fp8_heads.WARPS)
+    return lambda: fp8_heads._quantize_kernel[p.grid](q, k, v, z.query, z.key, z.value, amax, k_sums, z.descale,
+                                                       *p.strides, *p.shapes, D=D, DP=p.dp, BLOCK=p.block,
+                                                       REVERSE=True, GRID_FIRST=False, num_warps=fp8_heads.WARPS)
 
 
 def _carried(q, k, v, every_call_repaired: bool = False) -> Callable[[], object]:
@@ -83,12 +76,12 @@ def _carried(q, k, v, every_call_repaired: bool = False) -> Callable[[], object]
     return call
 
 
-def _heads_whole(q, k, v, elements: int, warps: int, reverse: bool = True) -> Callable[[], object]:
+def _heads_whole(q, k, v, elements: int, warps: int) -> Callable[[], object]:
     def call():
         old = fp8_heads.ELEMENTS_PER_PROGRAM, fp8_heads.WARPS
         fp8_heads.ELEMENTS_PER_PROGRAM, fp8_heads.WARPS = elements, warps
         try:
-            return fp8_heads.quantize_heads(q, k, v, reverse=reverse)
+            return fp8_heads.quantize_heads(q, k, v)
         finally:
             fp8_heads.ELEMENTS_PER_PROGRAM, fp8_heads.WARPS = old
     return call
@@ -135,8 +128,9 @@ def rows_for(heads: int, seq: int, dim: int, forms: dict) -> dict[str, Callable[
     rows["fa3"] = lambda: torch.ops.fa3_fwd.fwd(qs, ks, vs, softmax_scale=None, is_causal=False, num_splits=1)
     for elements, warps in HEAD_VARIANTS:
         rows[f"heads_{elements}w{warps}"] = _heads_whole(q, k, v, elements, warps)
-    rows["heads_reduce_8192w2"] = _heads_launches(q, k, v, "reduce", 8192, 2)
-    rows["heads_quantize_8192w2"] = _heads_launches(q, k, v, "quantize", 8192, 2)
+    # the default program size (8192 elements, 2 warps), as the keys say, so that they compare with earlier runs
+    rows["heads_reduce_8192w2"] = _heads_launches(q, k, v, "reduce")
+    rows["heads_quantize_8192w2"] = _heads_launches(q, k, v, "quantize")
     rows["heads_carried"] = _carried(q, k, v)
     rows["heads_carried_repairing"] = _carried(q, k, v, every_call_repaired=True)
     z = fp8_heads.quantize_heads(q, k, v)

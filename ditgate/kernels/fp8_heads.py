@@ -71,6 +71,19 @@ def _where(pid, n_q, n_k, bh_q, bh_kv):
 
 
 @triton.jit
+def _kv_slot(bh, HQ, HKV):
+    """Where query head ``bh`` (b * HQ + h) keeps its scale: b * HKV + its kv head (Q's scale spans the query heads
+    that share a kv head, as FA3's descale is per (batch, kv head))."""
+    return (bh // HQ) * HKV + (bh % HQ) // (HQ // HKV)
+
+
+@triton.jit
+def _leads_group(bh, HQ, HKV):
+    """Whether query head ``bh`` is the first of its kv head's group: the one that writes the group's descale."""
+    return (bh % HQ) % (HQ // HKV) == 0
+
+
+@triton.jit
 def _tile(X, blk, bh, sb, sh, ss, sd, H, S, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr):
     """Rows ``blk * BLOCK ...`` of head ``bh`` (b * H + h) of a B, H, S, D view, as float32 (zeros outside)."""
     rows = blk * BLOCK + tl.arange(0, BLOCK)
@@ -94,8 +107,7 @@ def _reduce_kernel(Q, K, V, AMAX, KSUM, sqb, sqh, sqs, sqd, skb, skh, sks, skd, 
     which, blk, bh = _where(tl.program_id(0), n_q, n_k, bh_q, bh_kv)
     if which == 0:
         x, _, _, _ = _tile(Q, blk, bh, sqb, sqh, sqs, sqd, HQ, SQ, D, DP, BLOCK)
-        slot = (bh // HQ) * HKV + (bh % HQ) // (HQ // HKV)
-        tl.atomic_max(AMAX + slot, _absmax(x), sem="relaxed")
+        tl.atomic_max(AMAX + _kv_slot(bh, HQ, HKV), _absmax(x), sem="relaxed")
     elif which == 1:
         x, _, cols, _ = _tile(K, blk, bh, skb, skh, sks, skd, HKV, SKV, D, DP, BLOCK)
         tl.atomic_max(AMAX + bh_kv + bh, _absmax(x), sem="relaxed")
@@ -146,11 +158,10 @@ def _quantize_kernel(Q, K, V, Q8, K8, V8, AMAX, KSUM, DESCALE, sqb, sqh, sqs, sq
     which, blk, bh = _where(pid, n_q, n_k, bh_q, bh_kv)
     if which == 0:
         x, rows, cols, inside = _tile(Q, blk, bh, sqb, sqh, sqs, sqd, HQ, SQ, D, DP, BLOCK)
-        group = HQ // HKV
-        slot = (bh // HQ) * HKV + (bh % HQ) // group
+        slot = _kv_slot(bh, HQ, HKV)
         scale = _scale_of(tl.load(AMAX + slot))
         _store_e4m3(Q8, x * (1.0 / scale), rows, cols, inside, bh, HQ, SQ, D, GRID_FIRST)
-        if (blk == 0) & ((bh % HQ) % group == 0):
+        if (blk == 0) & _leads_group(bh, HQ, HKV):
             tl.store(DESCALE + slot, scale)
     elif which == 1:
         x, rows, cols, inside = _tile(K, blk, bh, skb, skh, sks, skd, HKV, SKV, D, DP, BLOCK)
@@ -217,11 +228,15 @@ def programs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Programs:
                     (*q.stride(), *k.stride(), *v.stride()), dp, block)
 
 
+def _getter(buffers: Buffers | None, device: torch.device) -> Buffers:
+    return buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=device))
+
+
 def copies(q: torch.Tensor, k: torch.Tensor, buffers: Buffers | None) -> tuple[torch.Tensor, ...]:
     """The e4m3 copies of Q, K, V (B, S, H, D) and the descale factors [3, B, Hkv], from ``buffers``."""
     B, HQ, SQ, D = q.shape
     HKV, SKV = k.shape[1], k.shape[2]
-    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
+    get = _getter(buffers, q.device)
     return (get((B, SQ, HQ, D), torch.float8_e4m3fn, "q"), get((B, SKV, HKV, D), torch.float8_e4m3fn, "k"),
             get((B, SKV, HKV, D), torch.float8_e4m3fn, "v"), get((3, B, HKV), torch.float32, "descale"))
 
@@ -239,13 +254,12 @@ def quantize_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: B
     q8, k8, v8, descale = copies(q, k, buffers)
     acc = accumulators
     if acc is None:
-        get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
-        acc = get((accumulator_size(q, k),), torch.int64, "accumulators")
+        acc = _getter(buffers, q.device)((accumulator_size(q, k),), torch.int64, "accumulators")
     acc.zero_()
     k_sums, amax = split_accumulators(acc, k)
     p = programs(q, k, v)
-    grid, dp, block, shapes, strides = p.grid, p.dp, p.block, p.shapes, p.strides
-    _reduce_kernel[grid](q, k, v, amax, k_sums, *strides, *shapes, D=D, DP=dp, BLOCK=block, num_warps=WARPS)
-    _quantize_kernel[grid](q, k, v, q8, k8, v8, amax, k_sums, descale, *strides, *shapes, D=D, DP=dp, BLOCK=block,
-                           REVERSE=reverse, GRID_FIRST=_INTERPRETED, num_warps=WARPS)
+    _reduce_kernel[p.grid](q, k, v, amax, k_sums, *p.strides, *p.shapes, D=D, DP=p.dp, BLOCK=p.block,
+                           num_warps=WARPS)
+    _quantize_kernel[p.grid](q, k, v, q8, k8, v8, amax, k_sums, descale, *p.strides, *p.shapes, D=D, DP=p.dp,
+                             BLOCK=p.block, REVERSE=reverse, GRID_FIRST=_INTERPRETED, num_warps=WARPS)
     return HeadScaledFp8(q8, k8, v8, descale)

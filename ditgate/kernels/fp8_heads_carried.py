@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from .fp8_heads import (FIXED_LIMIT, FIXED_ONE, FP8_MAX, WARPS, _INTERPRETED, Buffers, HeadScaledFp8, _absmax,
-                        _check, _scale_of, _store_e4m3, _tile, _where, accumulator_size, copies, programs,
-                        split_accumulators)
+                        _check, _kv_slot, _leads_group, _scale_of, _store_e4m3, _tile, _where, accumulator_size,
+                        copies, programs, split_accumulators)
 
 HEADROOM = tl.constexpr(4.0)  # the carried scale: the last absmax times this, over 448
 MAX_OVERSCALE = tl.constexpr(64.0)  # a scale more than this many times the exact one is repaired
@@ -66,12 +66,11 @@ def _carried_kernel(Q, K, V, Q8, K8, V8, LAST_AMAX, LAST_KSUM, AMAX, KSUM, DESCA
     which, blk, bh = _where(tl.program_id(0), n_q, n_k, bh_q, bh_kv)
     if which == 0:
         x, rows, cols, inside = _tile(Q, blk, bh, sqb, sqh, sqs, sqd, HQ, SQ, D, DP, BLOCK)
-        group = HQ // HKV
-        slot = (bh // HQ) * HKV + (bh % HQ) // group
+        slot = _kv_slot(bh, HQ, HKV)
         scale = _carried_scale(tl.load(LAST_AMAX + slot))
         _store_e4m3(Q8, x * (1.0 / scale), rows, cols, inside, bh, HQ, SQ, D, GRID_FIRST)
         tl.atomic_max(AMAX + slot, _absmax(x), sem="relaxed")
-        if (blk == 0) & ((bh % HQ) % group == 0):
+        if (blk == 0) & _leads_group(bh, HQ, HKV):
             tl.store(DESCALE + slot, scale)
     elif which == 1:
         x, rows, cols, inside = _tile(K, blk, bh, skb, skh, sks, skd, HKV, SKV, D, DP, BLOCK)
