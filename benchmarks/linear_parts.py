@@ -1,6 +1,7 @@
 """The fp8 linear form's parts timed apart at Wan 1.3B's and Flux's shapes: bf16 F.linear (the host), the row-wise
-quantization (torch ops, and ditgate's Triton kernel at a few block shapes), torch._scaled_mm alone, the whole form;
-beside them the tensor-wise product and quantization (``fp8_tensor_linear``).
+quantization (torch ops, and ditgate's Triton kernel at a few block shapes), torch._scaled_mm alone (as the form
+calls it, and with exact and fast accumulation, each with its cosine and relative L2 to float32 on fresh inputs), the
+whole form; beside them the tensor-wise product and quantization (``fp8_tensor_linear``).
 
     python benchmarks/linear_parts.py [--out DIR]      (CUDA)
 """
@@ -45,15 +46,30 @@ def main() -> None:
         for bm, bk, warps in CONFIGS:
             row[f"quant_triton_{bm}x{bk}w{warps}"] = ms(lambda: quantize_rows(x, True, bm, bk, warps))
         row["scaled_mm"] = ms(lambda: torch._scaled_mm(xq, qw.data.t(), scale_a=xs, scale_b=qw.scale, bias=b,
-                                                       out_dtype=torch.bfloat16))
+                                                       out_dtype=torch.bfloat16, use_fast_accum=form.fast_accumulation))
+        row["scaled_mm_exact_accum"] = ms(lambda: torch._scaled_mm(xq, qw.data.t(), scale_a=xs, scale_b=qw.scale,
+                                                                   bias=b, out_dtype=torch.bfloat16,
+                                                                   use_fast_accum=False))
+        row["scaled_mm_fast_accum"] = ms(lambda: torch._scaled_mm(xq, qw.data.t(), scale_a=xs, scale_b=qw.scale,
+                                                                  bias=b, out_dtype=torch.bfloat16,
+                                                                  use_fast_accum=True))
         row["form"] = ms(lambda: form.run(x, qw, b))
         ref = F.linear(x.float(), w.float(), b.float())
+        fresh = torch.randn_like(x)
+        ref_fresh = F.linear(fresh.float(), w.float(), b.float()).flatten()
+        fq, fs = quantize_rows(fresh, True)
+        for accum, fast in (("exact", False), ("fast", True)):
+            product = torch._scaled_mm(fq, qw.data.t(), scale_a=fs, scale_b=qw.scale, bias=b, out_dtype=torch.bfloat16,
+                                       use_fast_accum=fast)
+            row[f"cosine_{accum}_accum"] = F.cosine_similarity(product.float().flatten(), ref_fresh, dim=0).item()
+            row[f"rel_l2_{accum}_accum"] = ((product.float().flatten() - ref_fresh).norm() / ref_fresh.norm()).item()
         # the same product with one scale per tensor (cuBLAS's plain FP8 GEMM, no outer-vector scales)
         tensor_form = Fp8TensorwiseLinear()
         tw = tensor_form.quantize(w)
         xt, xts = quantize_fp8_tensor(x)
         row["scaled_mm_tensorwise"] = ms(lambda: torch._scaled_mm(xt, tw.data.t(), scale_a=xts, scale_b=tw.scale,
-                                                                  bias=b, out_dtype=torch.bfloat16))
+                                                                  bias=b, out_dtype=torch.bfloat16,
+                                                                  use_fast_accum=tensor_form.fast_accumulation))
         row["quant_tensorwise_torch_ops"] = ms(lambda: quantize_fp8_tensor(x))
         row["cosine_tensorwise"] = F.cosine_similarity(tensor_form.run(x, tw, b).float().flatten(), ref.flatten(),
                                                        dim=0).item()
@@ -68,7 +84,8 @@ def main() -> None:
     print("best quantization config per shape:", {s: (k, round(v, 4)) for s, (v, k) in best.items()})
     print("median over shapes:", {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]
                                   if k.startswith("quant_") or k in ("host_linear", "scaled_mm", "form",
-                                                                     "scaled_mm_tensorwise")})
+                                                                     "scaled_mm_tensorwise", "scaled_mm_exact_accum",
+                                                                     "scaled_mm_fast_accum")})
 
 
 if __name__ == "__main__":
