@@ -69,6 +69,27 @@ def test_fp8_on_a_cpu_is_the_emulation_exactly():
     assert torch.allclose(form.run(x, weights, b), emulated, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["fp8_linear", "fp8_tensor_linear"])
+def test_fp8_products_ask_for_fast_accumulation(name, monkeypatch):
+    """Both FP8 forms call torch._scaled_mm with use_fast_accum=True (Hopper's fast accumulator, torchao's inference
+    default), and the form's flag turns it off."""
+    asked = []
+    real = torch._scaled_mm
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("use_fast_accum", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    x, w, b = _operands(16, 32, 16, seed=5, outliers=False)
+    form = create_linear_forms([name])[name]
+    weights = form.quantize(w)
+    form.run(x, weights, b)
+    form.fast_accumulation = False
+    form.run(x, weights, b)
+    assert asked == [True, False]
+
+
 def test_fp8_tensorwise_on_a_cpu_is_its_emulation_exactly_and_loses_small_rows_first():
     x, w, b = _operands(48, 64, 32, seed=3, outliers=True)
     x[7] *= 1e-4  # a row far below the tensor's absmax: row-wise scales keep its digits, one scale does not
