@@ -31,7 +31,7 @@
 #             products) against bf16 F.linear at Wan's and Flux's shapes
 #   parts     benchmarks/attention_parts.py: the 8-bit attention forms' parts (quantization, kernel, whole form;
 #             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES
-#   memo      ditgate bench calibration of $MEMO_PRESET with a second process, Triton's key remembered and not
+#   memo      ditgate bench calibration of $MEMO_PRESET ($MEMO_ARGS) with a second process, Triton's key remembered and not
 #             (DITGATE_TRITON_KEY_MEMO=1 / 0), each in fresh caches
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
@@ -57,6 +57,7 @@ MODELS=${MODELS:-"wan-1.3b-480p-81f:10 ltx-2b-1216x704x257:8 flux-dev-1024:8"}
 EACH=${EACH:-180}
 PARTS_SHAPES=${PARTS_SHAPES:-"flux-1024 image-8192-hd128 image-8192-hd64"}
 MEMO_PRESET=${MEMO_PRESET:-"wan-1.3b-480p-81f"}
+MEMO_ARGS=${MEMO_ARGS:-"--profiles quality speed --sparse 0.3"}
 SPARSE_MODELS=${SPARSE_MODELS:-"ltx-2b-1216x704x257"}  # wan-14b-480p-81f takes about 7 minutes alone
 NOISE="aux_data\|exe_args\|Attention backends are\|float32\|Warn"  # Gluon and diffusers lines nobody reads
 
@@ -215,7 +216,7 @@ stage_memo() {  # a second process's calibration with Triton's key remembered an
     gpu_line "$dir"
     for m in 1 0; do
         DITGATE_TRITON_KEY_MEMO=$m DITGATE_CACHE_DIR=/tmp/memo-dc$m TRITON_CACHE_DIR=/tmp/memo-tc$m \
-            timeout ${EACH} python3 -m ditgate.cli.main bench calibration --preset $MEMO_PRESET --profiles quality speed \
+            timeout ${EACH} python3 -m ditgate.cli.main bench calibration --preset $MEMO_PRESET $MEMO_ARGS \
             --second-process --out "$dir/memo-$m" 2>&1 | quiet | tee "$dir/memo-$m.log" | tail -8
     done
 }
