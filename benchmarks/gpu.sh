@@ -32,7 +32,7 @@
 #   parts     benchmarks/attention_parts.py: the 8-bit attention forms' parts (quantization, kernel, whole form;
 #             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES
 #   memo      ditgate bench calibration of $MEMO_PRESET ($MEMO_ARGS) with a second process, Triton's key remembered and not
-#             (DITGATE_TRITON_KEY_MEMO=1 / 0), each in fresh caches
+#             (DITGATE_TRITON_KEY_MEMO=1 / 0, or only those in $MEMO_MODES), each in fresh caches
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
 # Each stage writes under $OUT/<stage>/ (JSON, PNG, logs) and the script ends with a short table of every result
@@ -214,7 +214,7 @@ stage_memo() {  # a second process's calibration with Triton's key remembered an
     local dir=$OUT/memo m
     mkdir -p "$dir"
     gpu_line "$dir"
-    for m in 1 0; do
+    for m in ${MEMO_MODES:-1 0}; do
         DITGATE_TRITON_KEY_MEMO=$m DITGATE_CACHE_DIR=/tmp/memo-dc$m TRITON_CACHE_DIR=/tmp/memo-tc$m \
             timeout ${EACH} python3 -m ditgate.cli.main bench calibration --preset $MEMO_PRESET $MEMO_ARGS \
             --second-process --out "$dir/memo-$m" 2>&1 | quiet | tee "$dir/memo-$m.log" | tail -8
