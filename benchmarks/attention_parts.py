@@ -7,7 +7,9 @@ Per shape (B=1, H heads, S tokens, head dim D; random bf16 in diffusers' B, S, H
   launch alone (what one pass over the inputs with known scales would cost), the one pass at carried scales
   (``fp8_heads_carried``) with nothing to repair and with every head repaired, FA3's FP8 kernel alone on the
   copies, and the form whole, without a site (two passes) and at a site after its first call (one pass);
-- ditgate's Hopper kernel: ``quantize_for_schedule`` alone, the kernel alone on those copies, the forms whole;
+- ditgate's Hopper kernel: ``quantize_for_schedule`` alone, and in one read at carried statistics
+  (``quant_passes_carried``), the kernel alone on those copies, the forms whole, without a site and at a site after
+  its first call;
 - a copy of Q, K and V (bytes read and written per ms: the card's bandwidth as torch reaches it).
 Rows are interleaved over rounds; each figure is the median over rounds of ``do_bench`` medians (ms).
 
@@ -33,7 +35,9 @@ from ditgate.forms.base import AttentionInputs
 from ditgate.forms.registry import create_forms
 from ditgate.kernels import fp8_heads
 from ditgate.kernels.fp8_heads_carried import quantize_heads_carried
-from ditgate.kernels.hopper_attention import hopper_attention, quantize_for_schedule
+from ditgate.kernels.hopper_attention import ROWS_HALF, ROWS_K, hopper_attention, quantize_for_schedule
+from ditgate.kernels.quant_attention import KernelConfig, quantize
+from ditgate.kernels.quant_passes_carried import HEADROOM, quantize_carried, split_statistics, statistics_size
 
 SHAPES = ("flux-1024", "image-8192-hd128", "image-8192-hd64", "wan-14b-480p")
 HEAD_VARIANTS = [(8192, 2), (16384, 4)]  # (elements per program, warps)
@@ -104,7 +108,7 @@ def kernel_times(fn: Callable[[], object], calls: int = 20) -> dict[str, float]:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
-PROFILED = ("fp8_quant", "int8_quant", "form_fa3_fp8_at_site")
+PROFILED = ("fp8_quant", "int8_quant", "fp8_quant_carried", "form_fa3_fp8_at_site", "form_fp8_at_site")
 
 
 def rows_for(heads: int, seq: int, dim: int, forms: dict) -> dict[str, Callable[[], object]]:
@@ -144,11 +148,18 @@ def rows_for(heads: int, seq: int, dim: int, forms: dict) -> dict[str, Callable[
         rows[f"{mode}_quant"] = (lambda m=mode: quantize_for_schedule(q, k, v, m, scale))
         rows[f"{mode}_kernel"] = (lambda m=mode, z8=qz: hopper_attention(q, k, v, qk=m, scale=scale, prepared=z8,
                                                                          out=out))
+        # in one read at statistics carried from a previous call (here this call's own: nothing to repair)
+        last = torch.empty(statistics_size(k), dtype=torch.float32, device="cuda")
+        quantize(q, k, v, mode, scale, KernelConfig(ROWS_HALF, ROWS_K), permute_v=True, statistics=last)
+        split_statistics(last, k)[1].div_(HEADROOM.value)
+        into, repaired = torch.empty_like(last), torch.zeros(1, dtype=torch.int32, device="cuda")
+        rows[f"{mode}_quant_carried"] = (lambda m=mode, a=last, b=into, r=repaired: quantize_for_schedule(
+            q, k, v, m, scale, quantizer=lambda *args, **kw: quantize_carried(*args[:6], a, b, r, *args[6:], **kw)))
     for name, form in forms.items():
         rows[f"form_{name}"] = (lambda f=form: f.run(inputs))
-    if "fa3_fp8" in forms:  # as a routed site runs it after its first call: in one pass at carried scales
+        # as a routed site runs it after its first call: in one read at what that call left
         at_site = AttentionInputs(q, k, v, site="attention-parts")
-        rows["form_fa3_fp8_at_site"] = lambda: forms["fa3_fp8"].run(at_site)
+        rows[f"form_{name}_at_site"] = (lambda f=form, a=at_site: f.run(a))
     return rows
 
 
@@ -185,7 +196,8 @@ def main() -> None:
     (out / "attention-parts.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
                                                           "rows": results}, indent=1))
     keys = ["cudnn", "fa3", "fa3_fp8_kernel", "heads_8192w2", "heads_carried", "heads_carried_repairing",
-            "form_fa3_fp8", "form_fa3_fp8_at_site", "form_fp8", "form_int8"]
+            "form_fa3_fp8", "form_fa3_fp8_at_site", "fp8_quant", "fp8_quant_carried", "form_fp8", "form_fp8_at_site",
+            "form_int8", "form_int8_at_site"]
     print("shape".ljust(18) + "".join(k[:14].rjust(15) for k in keys))
     for row in results:
         print(row["shape"].ljust(18) + "".join(f"{row.get(k, float('nan')):15.4f}" for k in keys))

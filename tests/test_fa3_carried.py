@@ -222,11 +222,11 @@ def test_the_form_keeps_statistics_per_site_and_shape(form):
     _run(form, *other, None)  # no site (a benchmark): two passes, nothing kept
     _run(form, *other, None)
     assert form.taken[6:] == ["two", "two", "two"]
-    assert len(form._last) == 3
+    assert form._statistics.kept() == 3
     resident = form.resident_bytes()
     assert resident > 0
     form.release()
-    assert form.resident_bytes() == 0 and not form._last
+    assert form.resident_bytes() == 0 and form._statistics.kept() == 0
     _run(form, *calls[0], "blocks.0.attn")
     assert form.taken[-1] == "two"  # released: the statistics are gone
 
@@ -249,7 +249,7 @@ def test_the_environment_can_keep_every_call_on_two_passes(monkeypatch):
     q, k, v = _inputs(*SHAPE, seed=50)
     for _ in range(3):
         _run(f, q, k, v, "s")
-    assert f.taken == ["two", "two", "two"] and not f._last
+    assert f.taken == ["two", "two", "two"] and f._statistics.kept() == 0
     f.release()
 
 
@@ -278,15 +278,15 @@ DRY_CALL = HOPPER + textwrap.dedent("""
     q, k, v = (torch.empty(1, 300, h, 128, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2))
     form._pool = __import__("ditgate.forms.workspace", fromlist=["x"]).WorkspacePool()
     live = AttentionInputs(q, k, v, site="blocks.1.attn")  # a site with statistics from earlier calls
-    key, stats = form._statistics(live)
+    key, stats = form._statistics.site_buffers(form._pool, live)
     for buf in stats:
         buf.fill_(7)
-    form._last[key] = 1
+    form._statistics._last[key] = 1
     with recorded_launches() as launches:
         form.run(AttentionInputs(q, k, v, site="blocks.0.attn"))
         form.run(live)
-    untouched = all(bool((buf == 7).all()) for buf in stats) and form._last == {key: 1}
-    kept = len(form._last) - 1
+    untouched = all(bool((buf == 7).all()) for buf in stats) and form._statistics._last == {key: 1}
+    kept = form._statistics.kept() - 1
     launches = launches[:4]
     print(json.dumps({"recorded": [l.kernel.fn.__name__ for l in launches], "kept": kept, "untouched": untouched,
                       "compiled": compile_launches(launches, workers=2),

@@ -43,6 +43,7 @@ import os
 import torch
 
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, Precision
+from .carried import CarriedStatistics
 from .workspace import WorkspacePool
 
 _PACKAGE = "fa3-fwd"
@@ -162,9 +163,7 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         super().__init__()
         self._quantize = self._carried = self._accumulator_size = self._recording = None
         self._pool: WorkspacePool | None = None
-        self._last: dict[tuple, int] = {}  # (site, shapes, device) -> which of its two statistics buffers is the last
-        self._stats: dict[tuple, list[torch.Tensor]] = {}  # (site, shapes, device) -> its two buffers (the pool's)
-        self._repaired: dict[str, torch.Tensor] = {}  # device -> heads repaired there (int32 on that device)
+        self._statistics = CarriedStatistics("fa3_fp8", lambda q, k: self._accumulator_size(q, k), torch.int64)
         # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``);
         # DITGATE_FA3_FP8_CARRY=0 keeps every call on the two passes
         self.carry_scales = os.environ.get("DITGATE_FA3_FP8_CARRY") != "0"
@@ -204,60 +203,24 @@ class FlashAttn3Fp8(_FlashAttn3Base):
     def _quantizer(self, inputs: AttentionInputs):
         """How this call is quantized: in one pass at the scales its site's previous call at this shape left
         (``kernels.fp8_heads_carried``) where the router names the site and that site has called at this shape
-        before; else in two passes, keeping the statistics for the site's next call. A call with no site (a
-        benchmark, the context-parallel path) takes two passes and keeps nothing. A dry call (compile ahead) records
-        both paths' launches on scratch accumulators: its torch operations run (the zeroing), so the site's own
-        statistics must not be the ones it touches."""
+        before; else in two passes, keeping the statistics for the site's next call (``forms.carried``). A call with
+        no site (a benchmark, the context-parallel path) takes two passes and keeps nothing."""
         if inputs.site is None or not self.carry_scales:
             return self._quantize
-        quantize_heads_carried = self._carried
-        q, k = inputs.query, inputs.key
-        device = q.device
-        if self._recording():
-            def dry(q, k, v, buffers=None):
-                scratch = [torch.empty(self._accumulator_size(q, k), dtype=torch.int64, device=device)
-                           for _ in range(2)]
-                self._quantize(q, k, v, buffers=buffers, accumulators=scratch[0])
-                return quantize_heads_carried(q, k, v, scratch[0], scratch[1], self._repaired_counter(device),
-                                              buffers)
-            return dry
-        key, stats = self._statistics(inputs)
-        repaired = self._repaired_counter(device)
-        last = self._last.get(key)
+        two_passes, one_pass = self._quantize, self._carried
 
-        def quantize(q, k, v, buffers=None):
-            if last is None:
-                z = self._quantize(q, k, v, buffers=buffers, accumulators=stats[0])
-                self._last[key] = 0
-                return z
-            z = quantize_heads_carried(q, k, v, stats[last], stats[1 - last], repaired, buffers)
-            self._last[key] = 1 - last
-            return z
-        return quantize
+        def first(into):
+            return lambda q, k, v, buffers=None: two_passes(q, k, v, buffers=buffers, accumulators=into)
 
-    def _statistics(self, inputs: AttentionInputs) -> tuple[tuple, list[torch.Tensor]]:
-        """The key of a site's statistics at this call's shapes and its two buffers (the pool's, one pair per key:
-        two shapes whose buffers would be the same size, such as cond and uncond calls with keys cut to their own
-        prompts' lengths, must not read each other's)."""
-        q, k = inputs.query, inputs.key
-        key = (inputs.site, q.shape, k.shape, q.device)
-        stats = self._stats.get(key)
-        if stats is None:
-            size = self._accumulator_size(q, k)
-            name = f"fa3_fp8:carried:{inputs.site}:{tuple(q.shape)}:{tuple(k.shape)}"
-            stats = self._stats[key] = [self._pool.get((size,), torch.int64, q.device, f"{name}:{i}") for i in (0, 1)]
-        return key, stats
+        def carried(last, into, repaired):
+            return lambda q, k, v, buffers=None: one_pass(q, k, v, last, into, repaired, buffers)
 
-    def _repaired_counter(self, device: torch.device) -> torch.Tensor:
-        counter = self._repaired.get(str(device))
-        if counter is None:
-            counter = self._repaired[str(device)] = torch.zeros(1, dtype=torch.int32, device=device)
-        return counter
+        return self._statistics.quantizer(self._pool, inputs, first, carried, self._recording())
 
     def repaired_heads(self) -> int:
         """Heads the one-pass quantization quantized again since this form was made or released, because the scale
         carried from the site's previous call did not hold (reads the device's counters: synchronises)."""
-        return sum(int(counter.item()) for counter in self._repaired.values())
+        return self._statistics.repaired_heads()
 
     def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
         """One custom op (``ops.fa3_fp8``): the quantization launch cannot be traced; its copies come from torch's
@@ -268,9 +231,7 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         return self._pool.bytes() if self._pool is not None else 0
 
     def release(self) -> None:
-        self._last.clear()
-        self._stats.clear()
-        self._repaired.clear()
+        self._statistics.clear()
         if self._pool is not None:
             self._pool.release()
 

@@ -86,21 +86,23 @@ def triton_config(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk:
 
 
 def run_quant(kernel, hopper, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, scale: float | None,
-              lists: KeyBlockLists | None, buffers=None, prepared=None, memo=None) -> torch.Tensor:
+              lists: KeyBlockLists | None, buffers=None, prepared=None, memo=None, quantizer=None) -> torch.Tensor:
     """One quantized (or plain) attention call: on the Hopper schedule where it serves the call, else on the
-    Triton one. ``buffers``, ``prepared`` and ``memo`` are a plan's (eager calls); the op passes none."""
+    Triton one. ``buffers``, ``prepared``, ``memo`` and ``quantizer`` (what makes the copies where none are
+    ``prepared``, with ``quantize``'s arguments) are a plan's (eager calls); the op passes none."""
     shape = (lists.block_m, lists.block_n) if lists is not None else None
     if hopper is not None and hopper.serves(q, k, v, qk, shape):
         kw = {} if lists is None else dict(kv_index=lists.kv_index, kv_count=lists.kv_count,
                                            groups=lists.block_m // hopper.ROWS_HALF)
         return hopper.hopper_attention(q, k, v, qk=qk, scale=scale, buffers=buffers, prepared=prepared, memo=memo,
-                                       **kw)
+                                       quantizer=quantizer, **kw)
     kw = {}
     if lists is not None:
         config = triton_config(kernel, q, k, v, qk, lists.block_m, lists.block_n)
         lists = lists.refine_queries(lists.block_m // config.block_m, q.shape[2])
         kw = dict(kv_index=lists.kv_index, kv_count=lists.kv_count, config=config)
-    return kernel.quant_attention(q, k, v, qk=qk, scale=scale, buffers=buffers, prepared=prepared, **kw)
+    return kernel.quant_attention(q, k, v, qk=qk, scale=scale, buffers=buffers, prepared=prepared,
+                                  quantizer=quantizer, **kw)
 
 
 @torch.library.custom_op("ditgate::quant_attention", mutates_args=())

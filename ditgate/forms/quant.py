@@ -20,6 +20,7 @@ import os
 import torch
 
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, PooledTiles, Precision
+from .carried import CarriedStatistics
 from .ops import hopper_module, run_quant, triton_config
 from .workspace import WorkspacePool
 
@@ -46,6 +47,11 @@ class _QuantForm(Form):
         self._kernel = None
         self._hopper = None  # the warp-specialized schedule (kernels.hopper_attention), where it serves
         self._pool = None
+        self._carried = None  # kernels.quant_passes_carried, loaded with the kernel
+        self._statistics = CarriedStatistics(self.name, lambda q, k: self._carried.statistics_size(k), torch.float32)
+        # dense 8-bit calls at a site quantize in one read at the K mean and V scales the site's previous call left
+        # (``kernels.quant_passes_carried``); DITGATE_CARRY_STATISTICS=0 keeps every call on ``quantize``'s passes
+        self.carry_statistics = os.environ.get("DITGATE_CARRY_STATISTICS") != "0"
 
     def _probe(self) -> Availability:
         if importlib.util.find_spec("triton") is None:
@@ -57,10 +63,10 @@ class _QuantForm(Form):
             return Availability(False, "no CUDA device (set TRITON_INTERPRET=1 to run it, slowly, on a CPU)",
                                 triton.__version__)
         try:
-            from ..kernels import quant_attention
+            from ..kernels import quant_attention, quant_passes_carried
         except Exception as exc:
             return Availability(False, f"kernel failed to load: {type(exc).__name__}: {exc}", triton.__version__)
-        self._kernel = quant_attention
+        self._kernel, self._carried = quant_attention, quant_passes_carried
         self._hopper = hopper_module()
         return Availability(True, "", triton.__version__)
 
@@ -126,7 +132,33 @@ class _QuantForm(Form):
         buffers = self._buffers(inputs.query.device)
         prepared = inputs.prepared if isinstance(inputs.prepared, self._kernel.Quantized) else None
         return run_quant(self._kernel, self._hopper, inputs.query, inputs.key, inputs.value, self.qk, inputs.scale,
-                         lists, buffers, prepared, self._pool.memo)
+                         lists, buffers, prepared, self._pool.memo, self._quantizer(inputs, prepared))
+
+    def _quantizer(self, inputs: AttentionInputs, prepared):
+        """What makes a dense 8-bit call's copies: at a site, in one read at its previous call's statistics
+        (``forms.carried``, ``kernels.quant_passes_carried``); elsewhere, or where the copies came ``prepared``,
+        ``quantize`` as before (None)."""
+        if self.sparse or self.qk == "plain" or prepared is not None or inputs.site is None \
+                or not self.carry_statistics:
+            return None
+        from ..kernels.launches import recording
+
+        two_passes, one_pass = self._kernel.quantize, self._carried.quantize_carried
+
+        def first(into):
+            return lambda *args, **kwargs: two_passes(*args, **kwargs, statistics=into)
+
+        def carried(last, into, repaired):
+            def quantize(q, k, v, qk, scale, cfg, buffers=None, permute_v=False, sums=False):
+                return one_pass(q, k, v, qk, scale, cfg, last, into, repaired, buffers, permute_v, sums)
+            return quantize
+
+        return self._statistics.quantizer(self._pool, inputs, first, carried, recording())
+
+    def repaired_heads(self) -> int:
+        """V heads the one-read quantization quantized again since this form was made or released, because the
+        scales carried from the site's previous call did not hold (reads the device's counters: synchronises)."""
+        return self._statistics.repaired_heads()
 
     def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
         """The kernels as one custom op (``ops.quant_attention``): its workspaces from torch's allocator, not this
@@ -143,6 +175,7 @@ class _QuantForm(Form):
         return self._pool.bytes() if self._pool is not None else 0
 
     def release(self) -> None:
+        self._statistics.clear()
         if self._pool is not None:
             self._pool.release()
 

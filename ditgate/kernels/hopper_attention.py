@@ -207,10 +207,12 @@ def plan_launch(q, k, v, qk: str, scale: float, out: torch.Tensor, qz=None, kv_i
 
 
 def quantize_for_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk: str, scale: float, buffers=None,
-                          sums: bool = False) -> Quantized:
+                          sums: bool = False, quantizer=None) -> Quantized:
     """The quantized copies this schedule reads: Q scales per 64 rows (one per consumer warpgroup), K per
-    128 keys, V in P's key order; ``sums``: Q's column sums too (``quantize``)."""
-    return quantize(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers, permute_v=True, sums=sums)
+    128 keys, V in P's key order; ``sums``: Q's column sums too (``quantize``, or ``quantizer`` with its
+    arguments)."""
+    return (quantizer or quantize)(q, k, v, qk, scale, KernelConfig(ROWS_HALF, ROWS_K), buffers, permute_v=True,
+                                   sums=sums)
 
 
 def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
@@ -219,9 +221,10 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
                      buffers=None, out: torch.Tensor | None = None, prepared: Quantized | None = None,
                      memo: Memo | None = None, pin: bool | None = None, tree_max: bool | None = None,
                      lazy: bool | None = None, int_max: bool | None = None,
-                     gather_out: bool | None = None) -> torch.Tensor:
+                     gather_out: bool | None = None, quantizer=None) -> torch.Tensor:
     """``quant_attention``'s contract (B, H, S, D inputs; key blocks of 128 rows in the lists) on Hopper.
-    ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade.
+    ``prepared``: the quantized copies made already (``quantize_for_schedule``), checked, not remade; else
+    ``quantizer`` makes them (``quantize_for_schedule``'s).
     ``memo``: keeps host-side launch objects between calls (``plan_launch``); give it only with ``buffers`` of
     the same workspace, so that the copies it describes stay where it saw them.
     ``groups``: consumer warpgroups per program, 2 (128 query rows) or 3 (192; head dim 64 only); by
@@ -260,7 +263,7 @@ def hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: s
     qz = None
     if qk != "plain":
         qz = checked_prepared(prepared, qk, scale, ROWS_HALF, ROWS_K, True) or quantize_for_schedule(
-            q, k, v, qk, scale, buffers)
+            q, k, v, qk, scale, buffers, quantizer=quantizer)
     launch = plan_launch(q, k, v, qk, scale, out, qz, kv_index, kv_count, stages=stages, groups=groups, pin=pin,
                          tree_max=tree_max, lazy=lazy, int_max=int_max, gather_out=gather_out, memo=memo)
     launch.run()

@@ -228,7 +228,8 @@ def _host_descriptor(t: torch.Tensor, rows: int):
 def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8",
                     scale: float | None = None, kv_index: torch.Tensor | None = None,
                     kv_count: torch.Tensor | None = None, config: KernelConfig | None = None,
-                    buffers=None, out: torch.Tensor | None = None, prepared: Quantized | None = None) -> torch.Tensor:
+                    buffers=None, out: torch.Tensor | None = None, prepared: Quantized | None = None,
+                    quantizer=None) -> torch.Tensor:
     """Non-causal attention over B, H, S, D tensors (any strides).
 
     qk: "fp8" (FP8 Q·Kᵀ, FP8 P·V), "int8" (INT8 Q·Kᵀ, FP8 P·V), or "plain" (no quantization: the
@@ -237,7 +238,9 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
     ceil(Sq / block_m), L] key-block ids per query block, each row's first kv_count entries ascending;
     kv_count: int32 [B, H, ceil(Sq / block_m)] how many to visit. Both or neither. prepared: this call's
     quantized copies, made already (``quantize`` with ``config``'s blocks, as the sparse forms do while
-    the selector pools); checked to match, never remade.
+    the selector pools); checked to match, never remade. quantizer: what makes the copies otherwise, with
+    ``quantize``'s arguments (``quant_passes_carried.quantize_carried`` bound to a site's statistics); ``quantize``
+    by default.
     """
     if qk not in QK_MODES:
         raise ValueError(f"qk must be one of {QK_MODES}, not {qk!r}")
@@ -272,8 +275,8 @@ def quant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: st
         kv_count = kv_count.to(torch.int32).contiguous()
         max_list = kv_index.shape[3]
     if quant:
-        qz = checked_prepared(prepared, qk, scale, cfg.block_m, cfg.block_n, False) or quantize(q, k, v, qk, scale,
-                                                                                              cfg, buffers)
+        qz = checked_prepared(prepared, qk, scale, cfg.block_m, cfg.block_n, False) or (quantizer or quantize)(
+            q, k, v, qk, scale, cfg, buffers)
         q_arg, k_arg, v_arg = qz.q, qz.k, qz.vt
         scales = (qz.q_scale, qz.k_scale, qz.v_scale)
         pads = (qz.sq_pad, qz.sk_pad)

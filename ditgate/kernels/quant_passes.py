@@ -139,10 +139,11 @@ def _output_channel(j):
 
 
 @triton.jit
-def _quant_v_block(V, VT8, VSCALE, p, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
+def _quant_v_block(V, VT8, vs, p, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.constexpr, BLOCK: tl.constexpr,
                    PERMUTE: tl.constexpr, heads):
-    """V's ``p``-th block (which block of which of ``heads`` heads: ``_block_and_head``) over its per-channel scale
-    to FP8, written transposed: VT8[b·h, d, s] (padded columns are zero). PERMUTE: inside each group of 32 keys, key
+    """V's ``p``-th block (which block of which of ``heads`` heads: ``_block_and_head``) over the per-channel scales
+    ``vs`` ([D], float32) to FP8, written transposed: VT8[b·h, d, s] (padded columns are zero); returns the block's
+    channel absmax (what a pass at carried scales checks them against). PERMUTE: inside each group of 32 keys, key
     16h + 8a + 2t + b goes to column 16h + 4t + 2a + b, the order in which the Hopper schedule hands P to its P·V
     product (``hopper_softmax._reordered``). The permutation picks the rows each column is read from, so that the
     columns are written in order: permuted on the store side, the transposed store was one byte per instruction (64
@@ -158,9 +159,9 @@ def _quant_v_block(V, VT8, VSCALE, p, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.
     else:
         rows, at = columns, channels
     v, cols, _ = _load_rows(V, rows, bh, svb, svh, svs, svd, HK, SK, D)
-    vs = tl.load(VSCALE + bh * D + cols)
     y = v / vs[None, :]
     tl.store(VT8 + (bh * D + at[None, :]) * SK_PAD + columns[:, None], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+    return tl.max(tl.abs(v), axis=0)
 
 
 @triton.jit
@@ -177,7 +178,9 @@ def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb,
         _quant_rows(K, K8, KS, K_MEAN, KS, blk, bh, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
                     D, BLOCK, True, TO_INT8, QMAX, False)
     else:
-        _quant_v_block(V, VT8, VSCALE, pid - k_programs, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE, heads)
+        _, bh = _block_and_head(pid - k_programs, heads)
+        vs = tl.load(VSCALE + bh * D + tl.arange(0, D))
+        _quant_v_block(V, VT8, vs, pid - k_programs, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE, heads)
 
 
 @dataclass(frozen=True)
@@ -228,13 +231,15 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
-             sums: bool = False) -> Quantized:
+             sums: bool = False, statistics: torch.Tensor | None = None) -> Quantized:
     """Three launches: Q quantized beside one pass over K and V for K's column sums (its mean) and V's channel
     absmax; K's mean and V's scales from those; K and V quantized. ``cfg``: its ``block_m`` query rows per Q scale,
     ``block_n`` keys per K scale. ``permute_v``: V's keys in the Hopper schedule's P order and its channels in that
     schedule's output order (see ``_quant_v_block``). ``sums``: Q's column sums per query block as well, written by
     the pass that quantizes Q (``Quantized.tile_means``: the selector's pooled tiles without reading Q and K
-    again). ``buffers(shape, dtype, name)``: where the copies go (a form's workspace); fresh tensors otherwise."""
+    again). ``buffers(shape, dtype, name)``: where the copies go (a form's workspace); fresh tensors otherwise.
+    ``statistics``: where K's mean and V's channel scales go (``quant_passes_carried.statistics_size`` float32
+    elements, the buffer a site's next call carries them from); fresh tensors otherwise."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -250,8 +255,9 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     k_sums = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
-    k_mean = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
-    v_scale = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
+    if statistics is None:
+        statistics = torch.empty((2, B * HK, D), dtype=torch.float32, device=q.device)
+    k_mean, v_scale = statistics.view(2, B * HK, D)
     to_int8 = qk == "int8"
     q_programs, kv_programs = n_m * B * H, n_n * B * HK
     _first_pass_kernel[(q_programs + kv_programs,)](
