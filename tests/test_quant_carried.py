@@ -187,3 +187,20 @@ def test_the_one_read_launches_compile_for_hopper(tmp_path):
     # only the pass depends on the mode (K's copy): the scales and the repair compile once for both
     assert got["compiled"] == 4
     assert sorted(got["built"]) == sorted(kernels + ["_carried_pass_kernel"])
+
+
+def test_the_report_and_explain_name_the_forms_that_repaired_heads():
+    import ditgate
+
+    from .helpers import Tiny
+
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False)
+    try:
+        tiny.forward()
+        assert plan.report().repaired_heads == ()
+        plan.forms["sdpa_math"].repaired_heads = lambda: 3  # as a carrying form counts its repairs
+        assert plan.report().repaired_heads == (("sdpa_math", 3),)
+        assert "sdpa_math 3 head(s)" in plan.explain()
+    finally:
+        plan.detach()

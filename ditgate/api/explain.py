@@ -101,6 +101,9 @@ def explain(report: PlanReport, width: int = 220) -> str:
             lines.append(f"sparse stage ({report.sparse.setting}), layout of {name or 'the model'}: {text}")
     for sk in report.skipped:
         lines.append(f"not intercepted: {sk.path}: {sk.reason}")
+    if report.repaired_heads:
+        lines.append("re-quantized where the statistics carried from a site's previous call did not hold: "
+                     + ", ".join(f"{name} {n} head(s)" for name, n in report.repaired_heads))
     if report.profile:
         allowed = set(report.order)
         lines.append(f"candidates ({report.profile['name']}): {', '.join(report.order) or 'none'}; not allowed: "

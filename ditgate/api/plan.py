@@ -362,6 +362,7 @@ class Plan:
             sparse=SparseRecord(*self.context.sparse.describe()) if self.context.sparse is not None else None,
             linear=self.linear.record(self.chooser.verdicts if isinstance(self.chooser, GateChooser) else {})
             if self.linear is not None else None,
+            repaired_heads=tuple((name, n) for name, f in self.forms.items() if (n := f.repaired_heads())),
         )
 
     def explain(self) -> str:

@@ -88,6 +88,8 @@ class PlanReport:
     detached: bool
     sparse: SparseRecord | None = None
     linear: LinearRecord | None = None
+    # (form, heads) where a one-read quantization re-quantized heads whose carried statistics did not hold
+    repaired_heads: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -327,6 +327,11 @@ class Form(Probed):
         """Device memory this form holds between calls (workspaces, quantized copies)."""
         return 0
 
+    def repaired_heads(self) -> int:
+        """Heads whose copies a one-read quantization made again because the statistics carried from their site's
+        previous call did not hold (``forms.carried``); 0 for forms that carry nothing."""
+        return 0
+
     def release(self) -> None:
         """Drop anything held between calls; called when the form lost the gate everywhere."""
 
