@@ -109,7 +109,7 @@ def _first_pass_kernel(Q, Q8, QS, Q_SUMS, K, V, K_SUMS, V_MAX, sqb, sqh, sqs, sq
 
 
 @triton.jit
-def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, COLS: tl.constexpr,
+def _kv_scales_kernel(K_SUMS, V_MAX, STATS, n_stat, n_n, SK, D: tl.constexpr, COLS: tl.constexpr,
                       CHUNK: tl.constexpr):
     """One program per key/value head and ``COLS`` channels: K's mean over the sequence from its block sums,
     and V's per-channel scale (absmax / 448, at least 1e-20) from its block maxima; one launch where torch
@@ -125,8 +125,8 @@ def _kv_scales_kernel(K_SUMS, V_MAX, K_MEAN, V_SCALE, n_n, SK, D: tl.constexpr, 
         inside = (blocks < n_n)[:, None]
         total += tl.sum(tl.load(K_SUMS + at, mask=inside, other=0.0), axis=0)
         vmax = tl.maximum(vmax, tl.max(tl.load(V_MAX + at, mask=inside, other=0.0), axis=0))
-    tl.store(K_MEAN + bh * D + cols, total / SK)
-    tl.store(V_SCALE + bh * D + cols, tl.maximum(vmax / 448.0, 1e-20))
+    tl.store(STATS + bh * D + cols, total / SK)  # K's mean, then (``n_stat`` further) V's scales
+    tl.store(STATS + n_stat + bh * D + cols, tl.maximum(vmax / 448.0, 1e-20))
 
 
 @triton.jit
@@ -165,7 +165,7 @@ def _quant_v_block(V, VT8, vs, p, svb, svh, svs, svd, HK, SK, SK_PAD, D: tl.cons
 
 
 @triton.jit
-def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb, svh, svs, svd, HK, SK, SK_PAD, n_n,
+def _quant_kv_kernel(K, K8, KS, STATS, V, VT8, n_stat, skb, skh, sks, skd, svb, svh, svs, svd, HK, SK, SK_PAD, n_n,
                      k_programs, D: tl.constexpr, BLOCK: tl.constexpr, TO_INT8: tl.constexpr, QMAX: tl.constexpr,
                      PERMUTE: tl.constexpr):
     """K (its mean subtracted, ``_quant_rows``) and V (``_quant_v_block``) quantized, a block per program, K's
@@ -175,11 +175,11 @@ def _quant_kv_kernel(K, K8, KS, K_MEAN, V, VT8, VSCALE, skb, skh, sks, skd, svb,
     heads = k_programs // n_n
     if pid < k_programs:
         blk, bh = _block_and_head(pid, heads)
-        _quant_rows(K, K8, KS, K_MEAN, KS, blk, bh, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
+        _quant_rows(K, K8, KS, STATS, KS, blk, bh, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
                     D, BLOCK, True, TO_INT8, QMAX, False)
     else:
         _, bh = _block_and_head(pid - k_programs, heads)
-        vs = tl.load(VSCALE + bh * D + tl.arange(0, D))
+        vs = tl.load(STATS + n_stat + bh * D + tl.arange(0, D))
         _quant_v_block(V, VT8, vs, pid - k_programs, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK, PERMUTE, heads)
 
 
@@ -255,9 +255,9 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     k_sums = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
+    n_stat = B * HK * D  # statistics: K's mean, then V's channel scales, each [B * HK, D]
     if statistics is None:
-        statistics = torch.empty((2, B * HK, D), dtype=torch.float32, device=q.device)
-    k_mean, v_scale = statistics.view(2, B * HK, D)
+        statistics = torch.empty(2 * n_stat, dtype=torch.float32, device=q.device)
     to_int8 = qk == "int8"
     q_programs, kv_programs = n_m * B * H, n_n * B * HK
     _first_pass_kernel[(q_programs + kv_programs,)](
@@ -265,13 +265,13 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
         q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax,
         HAS_SUMS=sums, num_warps=FIRST_PASS_WARPS)
     cols = min(32, D)
-    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, k_mean, v_scale, n_n, SK, D=D, COLS=cols,
+    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, statistics, n_stat, n_n, SK, D=D, COLS=cols,
                                            CHUNK=min(256, triton.next_power_of_2(n_n)))
-    kv = (k, k8, ks, k_mean, v, vt8, v_scale, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
+    kv = (k, k8, ks, statistics, v, vt8, n_stat, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
     _quant_kv_kernel[(2 * kv_programs,)](*kv, D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v,
                                          num_warps=4)
-    return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
-                     permute_v, k_sums, q_sums if sums else None)
+    return Quantized(q8, qs, k8, ks, vt8, statistics[n_stat:].view(B * HK, D), sq_pad, sk_pad, qk, float(scale),
+                     cfg.block_m, cfg.block_n, permute_v, k_sums, q_sums if sums else None)
 
 
 def checked_prepared(prepared: Quantized | None, qk: str, scale: float, block_m: int, block_n: int,

@@ -68,13 +68,14 @@ def _carried_v_scale(exact):
 
 
 @triton.jit
-def _carried_pass_kernel(Q, Q8, QS, Q_SUMS, K, K8, KS, K_SUMS, K_MEAN, V, VT8, V_MAX, V_EXACT, sqb, sqh, sqs, sqd,
+def _carried_pass_kernel(Q, Q8, QS, Q_SUMS, K, K8, KS, K_SUMS, LAST, V, VT8, V_MAX, n_stat, sqb, sqh, sqs, sqd,
                          skb, skh, sks, skd, svb, svh, svs, svd, H, HK, SQ, SK, SQ_PAD, SK_PAD, n_m, n_n, q_programs,
                          kv_programs, mult, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          TO_INT8: tl.constexpr, QMAX: tl.constexpr, HAS_SUMS: tl.constexpr, PERMUTE: tl.constexpr):
     """Programs below ``q_programs``: a block of Q (as ``quantize``). The next ``kv_programs``: a block of K less the
-    carried mean (``K_MEAN``) at its own scale, its raw column sums into ``K_SUMS``. The rest: a block of V at the
-    carried channel scales (from ``V_EXACT``), its channel maxima into ``V_MAX``."""
+    carried mean (``LAST``'s first ``n_stat`` numbers) at its own scale, its raw column sums into ``K_SUMS``. The
+    rest: a block of V at the carried channel scales (from ``LAST``'s exact ones, after the mean), its channel maxima
+    into ``V_MAX``."""
     pid = tl.program_id(0)
     if pid < q_programs:
         blk, bh = _block_and_head(pid, q_programs // n_m)
@@ -82,20 +83,20 @@ def _carried_pass_kernel(Q, Q8, QS, Q_SUMS, K, K8, KS, K_SUMS, K_MEAN, V, VT8, V
                     D, BLOCK_M, False, TO_INT8, QMAX, HAS_SUMS)
     elif pid < q_programs + kv_programs:
         blk, bh = _block_and_head(pid - q_programs, kv_programs // n_n)
-        _quant_rows(K, K8, KS, K_MEAN, K_SUMS, blk, bh, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
+        _quant_rows(K, K8, KS, LAST, K_SUMS, blk, bh, skb, skh, sks, skd, HK, SK, SK_PAD, n_n, 1.0,
                     D, BLOCK_N, True, TO_INT8, QMAX, True)
     else:
         p = pid - q_programs - kv_programs
         blk, bh = _block_and_head(p, kv_programs // n_n)
         channels = tl.arange(0, D)
-        scale = _carried_v_scale(tl.load(V_EXACT + bh * D + channels))
+        scale = _carried_v_scale(tl.load(LAST + n_stat + bh * D + channels))
         vmax = _quant_v_block(V, VT8, scale, p, svb, svh, svs, svd, HK, SK, SK_PAD, D, BLOCK_N, PERMUTE,
                               kv_programs // n_n)
         tl.store(V_MAX + (bh * n_n + blk) * D + channels, vmax)
 
 
 @triton.jit
-def _repair_v_kernel(V, VT8, LAST_EXACT, EXACT, V_SCALE, REPAIRED, svb, svh, svs, svd, HK, SK, SK_PAD, n_n,
+def _repair_v_kernel(V, VT8, LAST, INTO, n_stat, V_SCALE, REPAIRED, svb, svh, svs, svd, HK, SK, SK_PAD, n_n,
                      kv_programs, D: tl.constexpr, BLOCK: tl.constexpr, PERMUTE: tl.constexpr):
     """A block of V per program: where some channel of its head did not hold its carried scale, the block again
     at the scale each channel then takes (the exact one where it did not hold, the carried one elsewhere); the
@@ -103,8 +104,8 @@ def _repair_v_kernel(V, VT8, LAST_EXACT, EXACT, V_SCALE, REPAIRED, svb, svh, svs
     p = tl.program_id(0)
     blk, bh = _block_and_head(p, kv_programs // n_n)
     channels = tl.arange(0, D)
-    carried = _carried_v_scale(tl.load(LAST_EXACT + bh * D + channels))
-    exact = tl.load(EXACT + bh * D + channels)
+    carried = _carried_v_scale(tl.load(LAST + n_stat + bh * D + channels))
+    exact = tl.load(INTO + n_stat + bh * D + channels)
     bad = (exact > NO_SCALE) & ((exact > carried) | (carried > exact * MAX_OVERSCALE))
     repair = tl.max(bad.to(tl.int32), axis=0) > 0
     scale = tl.where(bad, exact, carried)
@@ -125,10 +126,10 @@ def quantize_carried(q, k, v, qk: str, scale: float, cfg: KernelConfig, last: to
     the heads whose V was quantized again."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
-    size = statistics_size(k)
+    n_stat = B * HK * D
     for name, stats in (("last", last), ("into", into)):
-        if stats.dtype != torch.float32 or stats.numel() != size or stats.device != q.device:
-            raise ValueError(f"{name} must be {size} float32 elements on {q.device} (statistics_size), got "
+        if stats.numel() != 2 * n_stat or stats.dtype != torch.float32 or stats.device != q.device:
+            raise ValueError(f"{name} must be {2 * n_stat} float32 elements on {q.device} (statistics_size), got "
                              f"{stats.numel()} {stats.dtype} on {stats.device}")
     if last.data_ptr() == into.data_ptr():
         raise ValueError("into must not be last: the pass reads last while the next launch fills into")
@@ -146,18 +147,16 @@ def quantize_carried(q, k, v, qk: str, scale: float, cfg: KernelConfig, last: to
     v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
     q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
     v_scale = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
-    last_mean, last_exact = split_statistics(last, k)
-    next_mean, next_exact = split_statistics(into, k)
     q_programs, kv_programs = n_m * B * H, n_n * B * HK
     _carried_pass_kernel[(q_programs + 2 * kv_programs,)](
-        q, q8, qs, q_sums, k, k8, ks, k_sums, last_mean, v, vt8, v_max, last_exact, *q.stride(), *k.stride(),
+        q, q8, qs, q_sums, k, k8, ks, k_sums, last, v, vt8, v_max, n_stat, *q.stride(), *k.stride(),
         *v.stride(), H, HK, SQ, SK, sq_pad, sk_pad, n_m, n_n, q_programs, kv_programs, scale * LOG2E, D=D,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=qk == "int8", QMAX=qmax, HAS_SUMS=sums, PERMUTE=permute_v,
         num_warps=CARRIED_PASS_WARPS)
     cols = min(32, D)
-    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, next_mean, next_exact, n_n, SK, D=D, COLS=cols,
+    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, into, n_stat, n_n, SK, D=D, COLS=cols,
                                            CHUNK=min(256, triton.next_power_of_2(n_n)))
-    _repair_v_kernel[(kv_programs,)](v, vt8, last_exact, next_exact, v_scale, repaired, *v.stride(), HK, SK, sk_pad,
+    _repair_v_kernel[(kv_programs,)](v, vt8, last, into, n_stat, v_scale, repaired, *v.stride(), HK, SK, sk_pad,
                                      n_n, kv_programs, D=D, BLOCK=cfg.block_n, PERMUTE=permute_v,
                                      num_warps=FIRST_PASS_WARPS)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
