@@ -1,6 +1,5 @@
-"""``gate.timing.time_once`` on a GPU, with CUDA's events stood in for: where a sample holds several calls, one more
-call goes first, untimed, so the timed calls queue behind work in flight; a call that makes a sample alone is timed
-alone."""
+"""``gate.timing`` on a GPU, with CUDA's events stood in for: a short call's sample starts after one more, untimed call,
+so the timed calls queue behind work in flight; a long call is timed alone; paired rounds sample each side so."""
 
 import torch
 
@@ -26,26 +25,50 @@ class _Event:
         return 2.0 * sum(1 for item in _Event.log[self.at:end.at] if item == "call")
 
 
-def _timed(monkeypatch, reps):
+def _timed(monkeypatch, reps, lead):
     _Event.log = []
     monkeypatch.setattr(torch.cuda, "Event", _Event)
-    ms = timing.time_once(lambda: _Event.log.append("call"), torch.device("cuda"), reps)
+    ms = timing.time_once(lambda: _Event.log.append("call"), torch.device("cuda"), reps, lead)
     return ms, list(_Event.log)
 
 
-def test_several_calls_per_sample_queue_behind_one_untimed_call(monkeypatch):
-    ms, log = _timed(monkeypatch, 3)
+def test_a_sample_with_a_lead_queues_behind_one_untimed_call(monkeypatch):
+    ms, log = _timed(monkeypatch, 3, True)
     assert log == ["call", "event", "call", "call", "call", "event"]
     assert ms == 2.0  # per timed call
 
 
-def test_a_call_that_makes_a_sample_alone_is_timed_alone(monkeypatch):
-    ms, log = _timed(monkeypatch, 1)
+def test_a_sample_without_a_lead_times_every_call(monkeypatch):
+    ms, log = _timed(monkeypatch, 1, False)
     assert log == ["event", "call", "event"]
     assert ms == 2.0
 
 
-def test_on_a_cpu_every_call_is_timed(monkeypatch):
+def test_short_calls_are_sampled_behind_a_lead_and_long_ones_alone(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    cuda = torch.device("cuda")
+    short = timing.sampling(lambda: _Event.log.append("call"), cuda, 1.0)  # 2 ms a call in this stand-in
+    assert short == timing.Sampling(reps=1, lead=False)  # 2 ms is not below LEAD_BELOW_MS
+    monkeypatch.setattr(timing, "LEAD_BELOW_MS", 3.0)
+    assert timing.sampling(lambda: _Event.log.append("call"), cuda, 5.0) == timing.Sampling(reps=3, lead=True)
+
+
+def test_paired_rounds_give_each_side_its_own_lead(monkeypatch):
+    monkeypatch.setattr(timing, "sampling", lambda fn, device, target: timing.Sampling(2, fn is host))
+    seen = []
+    monkeypatch.setattr(timing, "time_once", lambda fn, device, reps, lead: seen.append((fn, reps, lead)) or 1.0)
+
+    def host():
+        pass
+
+    def form():
+        pass
+    result = timing.paired_timing(host, form, torch.device("cuda"), rounds=2)
+    assert result.ratio == 1.0
+    assert seen == [(host, 2, True), (form, 2, False), (form, 2, False), (host, 2, True)]
+
+
+def test_on_a_cpu_every_call_is_timed():
     calls = []
-    timing.time_once(lambda: calls.append(1), torch.device("cpu"), 3)
+    timing.time_once(lambda: calls.append(1), torch.device("cpu"), 3, lead=True)
     assert len(calls) == 3

@@ -34,7 +34,7 @@ from .accuracy import Accuracy, compare
 from .book import BookTiming, TimingBook, TimingKey
 from .memory import measure_memory
 from .profiles import Profile
-from .timing import paired_timing, reps_for, sync, time_once
+from .timing import paired_timing, sampling, sync, time_once
 from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement,
                       Refusal)
 from . import warm as first_calls
@@ -183,8 +183,8 @@ class _Contest:
     def _screen_ms(self, fn: Callable[[], object]) -> float:
         """The better of two samples: one sample is what screening affords, the second keeps a single stall of the
         machine from putting a fast form out of reach."""
-        reps = reps_for(fn, self.device, SCREEN_TARGET_MS)
-        return min(time_once(fn, self.device, reps) for _ in range(SCREEN_SAMPLES))
+        how = sampling(fn, self.device, SCREEN_TARGET_MS)
+        return min(time_once(fn, self.device, how.reps, how.lead) for _ in range(SCREEN_SAMPLES))
 
     def screen(self, e: Entrant) -> None:
         started = time.perf_counter()

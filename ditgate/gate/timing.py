@@ -30,17 +30,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_once(fn: Callable[[], object], device: torch.device, reps: int = 1) -> float:
+# a call whose single timed call (launch included) is shorter than this is sampled behind one more, untimed call
+LEAD_BELOW_MS = 2.0
+
+
+def time_once(fn: Callable[[], object], device: torch.device, reps: int = 1, lead: bool = False) -> float:
     """Milliseconds for ``reps`` back-to-back calls of ``fn`` divided by ``reps``.
 
-    On a GPU, where a sample holds more than one call (calls shorter than a sample's target), one more call goes
-    first, untimed, so that the timed calls queue behind work in flight, as a pipeline's calls do: the sample is then
-    a call's steady cost, its kernels or its host time, whichever is longer. Without it the first timed call's launch
-    latency counts in full, which at image lengths weighs most on the forms that launch most from Python (the 8-bit
-    forms' quantization), though a pipeline hides it behind the previous call's kernels. A call long enough for a
-    sample of its own keeps one call per sample: its launch latency is a small part of it."""
+    ``lead`` (on a GPU): one more call goes first, untimed, so that the timed calls queue behind work in flight, as a
+    pipeline's calls do: the sample is then a call's steady cost, its kernels or its host time, whichever is longer.
+    Without it the first timed call's launch latency counts in full, which at image lengths weighs most on the forms
+    that launch most from Python (the 8-bit forms' quantization), though a pipeline hides it behind the previous
+    call's kernels. ``sampling`` asks for it for short calls only: a long call's launch latency is a small part of
+    it, and one more long call per sample would lengthen the gate."""
     if device.type == "cuda":
-        if reps > 1:
+        if lead:
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -57,23 +61,34 @@ def time_once(fn: Callable[[], object], device: torch.device, reps: int = 1) -> 
     return (time.perf_counter() - t0) * 1e3 / reps
 
 
-def reps_for(fn: Callable[[], object], device: torch.device, target_ms: float) -> int:
-    """How many back-to-back calls make one timed sample of at least ``target_ms``."""
+@dataclass(frozen=True)
+class Sampling:
+    """How ``fn`` is sampled: ``reps`` back-to-back calls of at least the target together, behind an untimed call
+    where ``lead`` (``time_once``)."""
+
+    reps: int
+    lead: bool
+
+
+def sampling(fn: Callable[[], object], device: torch.device, target_ms: float) -> Sampling:
+    """From one timed call: how many back-to-back calls make a sample of at least ``target_ms``, and whether the
+    call is short enough (``LEAD_BELOW_MS``) to be sampled behind an untimed one."""
     once = max(time_once(fn, device), 1e-3)
-    return max(1, min(1000, int(target_ms / once + 0.999)))
+    return Sampling(max(1, min(1000, int(target_ms / once + 0.999))), once < LEAD_BELOW_MS)
 
 
 def paired_timing(host: Callable[[], object], form: Callable[[], object], device: torch.device, rounds: int,
                   target_ms: float = 1.0) -> Timing:
-    reps = max(reps_for(host, device, target_ms), reps_for(form, device, target_ms))
+    at_host, at_form = sampling(host, device, target_ms), sampling(form, device, target_ms)
+    reps = max(at_host.reps, at_form.reps)
     ratios, host_ms, form_ms = [], [], []
     for r in range(rounds):
         if r % 2 == 0:
-            h = time_once(host, device, reps)
-            f = time_once(form, device, reps)
+            h = time_once(host, device, reps, at_host.lead)
+            f = time_once(form, device, reps, at_form.lead)
         else:
-            f = time_once(form, device, reps)
-            h = time_once(host, device, reps)
+            f = time_once(form, device, reps, at_form.lead)
+            h = time_once(host, device, reps, at_host.lead)
         host_ms.append(h)
         form_ms.append(f)
         ratios.append(h / max(f, 1e-9))
