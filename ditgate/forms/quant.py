@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from ..kernels.launches import recording
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, MaskKind, PooledTiles, Precision
 from .carried import CarriedStatistics
 from .ops import hopper_module, run_quant, triton_config
@@ -141,8 +142,6 @@ class _QuantForm(Form):
         if self.sparse or self.qk == "plain" or prepared is not None or inputs.site is None \
                 or not self.carry_statistics:
             return None
-        from ..kernels.launches import recording
-
         two_passes, one_pass = self._kernel.quantize, self._carried.quantize_carried
 
         def first(into):
