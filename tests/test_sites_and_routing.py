@@ -1,5 +1,6 @@
 """Discovery, interception and routing on tiny real diffusers models."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import ditgate
+from ditgate.gate.profiles import PROFILES
 from ditgate.hosts import find_attention_modules
 
 from .helpers import TINY, FakeForm, Tiny
@@ -94,7 +96,11 @@ def test_each_call_names_its_site_the_same_way_every_forward(measure):
     site the router names: one name per site, the plan's own, the same at every forward and in the gate's calls."""
     tiny = Tiny("tiny-wan")
     form = _SiteNames()
-    plan = ditgate.attach(tiny.model, forms=["site_names"], measure=measure, extra_forms=[form])
+    # measured: floors the exact stand-in always passes, so that which sites it serves does not hang on CPU timing
+    lenient = dataclasses.replace(PROFILES["quality"], name="lenient", min_speedup=1e-3, min_whole_ratio=1e-3,
+                                  screen_margin=None, rounds=3)
+    plan = ditgate.attach(tiny.model, forms=["site_names"], measure=measure, extra_forms=[form],
+                          **({"profile": lenient} if measure else {}))
     seen = []
     for _ in range(3):
         form.sites.clear()

@@ -1,5 +1,6 @@
 """``gate.timing`` on a GPU, with CUDA's events stood in for: a short call's sample starts after one more, untimed call,
-so the timed calls queue behind work in flight; a long call is timed alone; paired rounds sample each side so."""
+so the timed calls queue behind work in flight; a long call is timed alone; in paired rounds the host's call decides
+for both sides."""
 
 import torch
 
@@ -53,19 +54,27 @@ def test_short_calls_are_sampled_behind_a_lead_and_long_ones_alone(monkeypatch):
     assert timing.sampling(lambda: _Event.log.append("call"), cuda, 5.0) == timing.Sampling(reps=3, lead=True)
 
 
-def test_paired_rounds_give_each_side_its_own_lead(monkeypatch):
-    monkeypatch.setattr(timing, "sampling", lambda fn, device, target: timing.Sampling(2, fn is host))
-    seen = []
-    monkeypatch.setattr(timing, "time_once", lambda fn, device, reps, lead: seen.append((fn, reps, lead)) or 1.0)
-
+def _paired(monkeypatch, host_short: bool, **kwargs):
     def host():
         pass
 
     def form():
         pass
-    result = timing.paired_timing(host, form, torch.device("cuda"), rounds=2)
+    # the form's own first call looks long (its launch latency), the host's as given: the host's decides for both
+    monkeypatch.setattr(timing, "sampling", lambda fn, device, target: timing.Sampling(2, fn is host and host_short))
+    seen = []
+    monkeypatch.setattr(timing, "time_once", lambda fn, device, reps, lead: seen.append((fn, reps, lead)) or 1.0)
+    result = timing.paired_timing(host, form, torch.device("cuda"), rounds=2, **kwargs)
     assert result.ratio == 1.0
-    assert seen == [(host, 2, True), (form, 2, False), (form, 2, False), (host, 2, True)]
+    return [(fn.__name__, reps, lead) for fn, reps, lead in seen]
+
+
+def test_paired_rounds_sample_both_sides_as_the_hosts_call_asks(monkeypatch):
+    assert _paired(monkeypatch, True) == [("host", 2, True), ("form", 2, True), ("form", 2, True), ("host", 2, True)]
+    assert _paired(monkeypatch, False) == [("host", 2, False), ("form", 2, False), ("form", 2, False),
+                                           ("host", 2, False)]
+    # a caller whose processes must make the same calls (context-parallel ranks) fixes it
+    assert all(lead is False for _, _, lead in _paired(monkeypatch, True, lead=False))
 
 
 def test_on_a_cpu_every_call_is_timed():

@@ -108,6 +108,7 @@ class _Contest:
         self.refusals: list[Refusal] = []
         self.measured: list[Measurement] = []
         self._host_ms: float | None = None
+        self._host_lead: bool | None = None  # whether samples here go behind an untimed call (the host's call decides)
 
     def refuse(self, e: Entrant, kind: str, detail: str, timing: BookTiming | None = None) -> None:
         self.live.remove(e)
@@ -182,9 +183,12 @@ class _Contest:
 
     def _screen_ms(self, fn: Callable[[], object]) -> float:
         """The better of two samples: one sample is what screening affords, the second keeps a single stall of the
-        machine from putting a fast form out of reach."""
+        machine from putting a fast form out of reach. Every sample at this site takes the lead the host's call
+        asked for (``timing.sampling``), so that the host's and the forms' samples compare."""
         how = sampling(fn, self.device, SCREEN_TARGET_MS)
-        return min(time_once(fn, self.device, how.reps, how.lead) for _ in range(SCREEN_SAMPLES))
+        if self._host_lead is None:
+            self._host_lead = how.lead  # the first sampled here is the host's
+        return min(time_once(fn, self.device, how.reps, self._host_lead) for _ in range(SCREEN_SAMPLES))
 
     def screen(self, e: Entrant) -> None:
         started = time.perf_counter()

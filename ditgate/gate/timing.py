@@ -72,23 +72,29 @@ class Sampling:
 
 def sampling(fn: Callable[[], object], device: torch.device, target_ms: float) -> Sampling:
     """From one timed call: how many back-to-back calls make a sample of at least ``target_ms``, and whether the
-    call is short enough (``LEAD_BELOW_MS``) to be sampled behind an untimed one."""
+    call is short enough (``LEAD_BELOW_MS``) to be sampled behind an untimed one. Where a form is compared with the
+    host, the host's call decides the lead for both (``paired_timing``, the contest's screening): a form's own first
+    call carries the very launch latency the lead is there to leave out."""
     once = max(time_once(fn, device), 1e-3)
     return Sampling(max(1, min(1000, int(target_ms / once + 0.999))), once < LEAD_BELOW_MS)
 
 
 def paired_timing(host: Callable[[], object], form: Callable[[], object], device: torch.device, rounds: int,
-                  target_ms: float = 1.0) -> Timing:
+                  target_ms: float = 1.0, lead: bool | None = None) -> Timing:
+    """``rounds`` interleaved samples of each. Both sides are sampled alike: the same repetitions, and behind an
+    untimed call where the host's call is short (``sampling``), or as ``lead`` says where given (a caller whose
+    processes must make the same calls, such as the ranks of a context-parallel model, passes it)."""
     at_host, at_form = sampling(host, device, target_ms), sampling(form, device, target_ms)
     reps = max(at_host.reps, at_form.reps)
+    lead = at_host.lead if lead is None else lead
     ratios, host_ms, form_ms = [], [], []
     for r in range(rounds):
         if r % 2 == 0:
-            h = time_once(host, device, reps, at_host.lead)
-            f = time_once(form, device, reps, at_form.lead)
+            h = time_once(host, device, reps, lead)
+            f = time_once(form, device, reps, lead)
         else:
-            f = time_once(form, device, reps, at_form.lead)
-            h = time_once(host, device, reps, at_host.lead)
+            f = time_once(form, device, reps, lead)
+            h = time_once(host, device, reps, lead)
         host_ms.append(h)
         form_ms.append(f)
         ratios.append(h / max(f, 1e-9))

@@ -61,6 +61,7 @@ def _quant_rows(X, OUT, SCALE, MEAN, SUMS, blk, bh, sxb, sxh, sxs, sxd, H, S, S_
         tl.store(SUMS + (bh * n_blocks + blk) * D + cols, tl.sum(x, axis=0))
     if HAS_MEAN:
         mean = tl.load(MEAN + bh * D + cols)
+        mean = tl.where(tl.abs(mean) < float("inf"), mean, 0.0)  # any finite vector leaves attention exact
         x = tl.where(valid, x - mean[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     scale = tl.where(amax > 0, amax / QMAX, 1.0)
@@ -221,6 +222,14 @@ class Quantized:
         return means_from_sums(self.q_sums, self.block_m, rows, seq_q, self.k_sums, self.block_n, seq_k)
 
 
+def check_statistics(name: str, stats: torch.Tensor, n_stat: int, device: torch.device) -> None:
+    """A statistics buffer the kernels may write: ``2 * n_stat`` contiguous float32 elements on ``device``."""
+    if stats.numel() != 2 * n_stat or stats.dtype != torch.float32 or stats.device != device \
+            or not stats.is_contiguous():
+        raise ValueError(f"{name} must be {2 * n_stat} contiguous float32 elements on {device} (statistics_size), got "
+                         f"{stats.numel()} {stats.dtype} on {stats.device}")
+
+
 # warps per program of ``_first_pass_kernel``: a block of rows is little work per program, and more warps per program
 # only made it slower
 FIRST_PASS_WARPS = 2
@@ -258,6 +267,8 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     n_stat = B * HK * D  # statistics: K's mean, then V's channel scales, each [B * HK, D]
     if statistics is None:
         statistics = torch.empty(2 * n_stat, dtype=torch.float32, device=q.device)
+    else:
+        check_statistics("statistics", statistics, n_stat, q.device)
     to_int8 = qk == "int8"
     q_programs, kv_programs = n_m * B * H, n_n * B * HK
     _first_pass_kernel[(q_programs + kv_programs,)](

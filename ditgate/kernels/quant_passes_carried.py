@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant_passes import (FIRST_PASS_WARPS, FP8_MAX, INT8_MAX, LOG2E, Quantized, _block_and_head, _cdiv,
-                           _kv_scales_kernel, _quant_rows, _quant_v_block)
+from .quant_passes import (FP8_MAX, INT8_MAX, LOG2E, Quantized, _block_and_head, _cdiv, _kv_scales_kernel,
+                           _quant_rows, _quant_v_block, check_statistics)
 
 if TYPE_CHECKING:
     from .quant_attention import KernelConfig
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 HEADROOM = tl.constexpr(4.0)  # V's carried scale: the previous call's exact one times this
 MAX_OVERSCALE = tl.constexpr(64.0)  # a carried scale more than this many times the exact one is repaired
 NO_SCALE = tl.constexpr(1e-20)  # the least scale ``_kv_scales_kernel`` writes: a channel whose absmax is 0
-CARRIED_PASS_WARPS = 4  # ``_quant_kv_kernel``'s: most of the pass is K's and V's blocks
+CARRIED_PASS_WARPS = 4  # ``_quant_kv_kernel``'s: most of the pass, and all of a repair, is K's and V's blocks
 
 
 def statistics_size(k: torch.Tensor) -> int:
@@ -106,7 +106,8 @@ def _repair_v_kernel(V, VT8, LAST, INTO, n_stat, V_SCALE, REPAIRED, svb, svh, sv
     channels = tl.arange(0, D)
     carried = _carried_v_scale(tl.load(LAST + n_stat + bh * D + channels))
     exact = tl.load(INTO + n_stat + bh * D + channels)
-    bad = (exact > NO_SCALE) & ((exact > carried) | (carried > exact * MAX_OVERSCALE))
+    # a carried scale that is not a finite number (the last call's V held an inf or a NaN) never holds
+    bad = (exact > NO_SCALE) & ((exact > carried) | (carried > exact * MAX_OVERSCALE) | ~(carried < float("inf")))
     repair = tl.max(bad.to(tl.int32), axis=0) > 0
     scale = tl.where(bad, exact, carried)
     if repair:
@@ -127,10 +128,8 @@ def quantize_carried(q, k, v, qk: str, scale: float, cfg: KernelConfig, last: to
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_stat = B * HK * D
-    for name, stats in (("last", last), ("into", into)):
-        if stats.numel() != 2 * n_stat or stats.dtype != torch.float32 or stats.device != q.device:
-            raise ValueError(f"{name} must be {2 * n_stat} float32 elements on {q.device} (statistics_size), got "
-                             f"{stats.numel()} {stats.dtype} on {stats.device}")
+    check_statistics("last", last, n_stat, q.device)
+    check_statistics("into", into, n_stat, q.device)
     if last.data_ptr() == into.data_ptr():
         raise ValueError("into must not be last: the pass reads last while the next launch fills into")
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
@@ -158,6 +157,6 @@ def quantize_carried(q, k, v, qk: str, scale: float, cfg: KernelConfig, last: to
                                            CHUNK=min(256, triton.next_power_of_2(n_n)))
     _repair_v_kernel[(kv_programs,)](v, vt8, last, into, n_stat, v_scale, repaired, *v.stride(), HK, SK, sk_pad,
                                      n_n, kv_programs, D=D, BLOCK=cfg.block_n, PERMUTE=permute_v,
-                                     num_warps=FIRST_PASS_WARPS)
+                                     num_warps=CARRIED_PASS_WARPS)
     return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
                      permute_v, k_sums, q_sums if sums else None)
