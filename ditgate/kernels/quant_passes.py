@@ -239,6 +239,54 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """What one call's quantization writes (``quantize`` and ``quant_passes_carried.quantize_carried`` alike): the
+    8-bit copies (from ``buffers`` where given), the per-block scales, K's and V's per-block column sums and maxima,
+    and Q's column sums where asked for (else ``q_sums`` is ``q_scale``, an unused placeholder)."""
+
+    n_m: int
+    n_n: int
+    sq_pad: int
+    sk_pad: int
+    qmax: float
+    q: torch.Tensor
+    k: torch.Tensor
+    vt: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    k_sums: torch.Tensor
+    v_max: torch.Tensor
+    q_sums: torch.Tensor
+
+
+def outputs(q, k, qk: str, cfg: KernelConfig, buffers=None, sums: bool = False) -> Outputs:
+    """The ``Outputs`` of quantizing B, H, S, D ``q`` and ``k`` (and V like K) in ``qk`` mode at ``cfg``'s blocks."""
+    B, H, SQ, D = q.shape
+    HK, SK = k.shape[1], k.shape[2]
+    n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
+    sq_pad, sk_pad = n_m * cfg.block_m, n_n * cfg.block_n
+    qk_dtype = torch.int8 if qk == "int8" else torch.float8_e4m3fn
+    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
+    qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
+    return Outputs(
+        n_m, n_n, sq_pad, sk_pad, INT8_MAX if qk == "int8" else FP8_MAX,
+        get((B * H, sq_pad, D), qk_dtype, "q"), get((B * HK, sk_pad, D), qk_dtype, "k"),
+        get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt"), qs,
+        torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device),
+        torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device),
+        torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device),
+        torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs)
+
+
+def launch_kv_scales(out: Outputs, statistics: torch.Tensor, n_stat: int, SK: int) -> None:
+    """``_kv_scales_kernel`` over ``out``'s block sums and maxima into ``statistics`` (K's mean, then V's scales)."""
+    BHK, D = out.k_scale.shape[0], out.k_sums.shape[3]
+    cols = min(32, D)
+    _kv_scales_kernel[(BHK, D // cols)](out.k_sums, out.v_max, statistics, n_stat, out.n_n, SK, D=D, COLS=cols,
+                                        CHUNK=min(256, triton.next_power_of_2(out.n_n)))
+
+
 def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, permute_v: bool = False,
              sums: bool = False, statistics: torch.Tensor | None = None) -> Quantized:
     """Three launches: Q quantized beside one pass over K and V for K's column sums (its mean) and V's channel
@@ -251,38 +299,25 @@ def quantize(q, k, v, qk: str, scale: float, cfg: KernelConfig, buffers=None, pe
     elements, the buffer a site's next call carries them from); fresh tensors otherwise."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
-    n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
-    sq_pad, sk_pad = n_m * cfg.block_m, n_n * cfg.block_n
-    qk_dtype = torch.int8 if qk == "int8" else torch.float8_e4m3fn
-    qmax = INT8_MAX if qk == "int8" else FP8_MAX
-    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
-    q8 = get((B * H, sq_pad, D), qk_dtype, "q")
-    k8 = get((B * HK, sk_pad, D), qk_dtype, "k")
-    vt8 = get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt")
-    qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
-    ks = torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device)
-    k_sums = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
-    v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
-    q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
+    o = outputs(q, k, qk, cfg, buffers, sums)
     n_stat = B * HK * D  # statistics: K's mean, then V's channel scales, each [B * HK, D]
     if statistics is None:
         statistics = torch.empty(2 * n_stat, dtype=torch.float32, device=q.device)
     else:
         check_statistics("statistics", statistics, n_stat, q.device)
     to_int8 = qk == "int8"
-    q_programs, kv_programs = n_m * B * H, n_n * B * HK
+    q_programs, kv_programs = o.n_m * B * H, o.n_n * B * HK
     _first_pass_kernel[(q_programs + kv_programs,)](
-        q, q8, qs, q_sums, k, v, k_sums, v_max, *q.stride(), *k.stride(), *v.stride(), H, HK, SQ, SK, sq_pad, n_m, n_n,
-        q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=to_int8, QMAX=qmax,
-        HAS_SUMS=sums, num_warps=FIRST_PASS_WARPS)
-    cols = min(32, D)
-    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, statistics, n_stat, n_n, SK, D=D, COLS=cols,
-                                           CHUNK=min(256, triton.next_power_of_2(n_n)))
-    kv = (k, k8, ks, statistics, v, vt8, n_stat, *k.stride(), *v.stride(), HK, SK, sk_pad, n_n, kv_programs)
-    _quant_kv_kernel[(2 * kv_programs,)](*kv, D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=qmax, PERMUTE=permute_v,
-                                         num_warps=4)
-    return Quantized(q8, qs, k8, ks, vt8, statistics[n_stat:].view(B * HK, D), sq_pad, sk_pad, qk, float(scale),
-                     cfg.block_m, cfg.block_n, permute_v, k_sums, q_sums if sums else None)
+        q, o.q, o.q_scale, o.q_sums, k, v, o.k_sums, o.v_max, *q.stride(), *k.stride(), *v.stride(), H, HK, SQ, SK,
+        o.sq_pad, o.n_m, o.n_n, q_programs, scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        TO_INT8=to_int8, QMAX=o.qmax, HAS_SUMS=sums, num_warps=FIRST_PASS_WARPS)
+    launch_kv_scales(o, statistics, n_stat, SK)
+    kv = (k, o.k, o.k_scale, statistics, v, o.vt, n_stat, *k.stride(), *v.stride(), HK, SK, o.sk_pad, o.n_n,
+          kv_programs)
+    _quant_kv_kernel[(2 * kv_programs,)](*kv, D=D, BLOCK=cfg.block_n, TO_INT8=to_int8, QMAX=o.qmax,
+                                         PERMUTE=permute_v, num_warps=4)
+    return Quantized(o.q, o.q_scale, o.k, o.k_scale, o.vt, statistics[n_stat:].view(B * HK, D), o.sq_pad, o.sk_pad,
+                     qk, float(scale), cfg.block_m, cfg.block_n, permute_v, o.k_sums, o.q_sums if sums else None)
 
 
 def checked_prepared(prepared: Quantized | None, qk: str, scale: float, block_m: int, block_n: int,

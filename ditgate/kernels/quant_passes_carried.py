@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant_passes import (FP8_MAX, INT8_MAX, LOG2E, Quantized, _block_and_head, _cdiv, _kv_scales_kernel,
-                           _quant_rows, _quant_v_block, check_statistics)
+from .quant_passes import (LOG2E, Quantized, _block_and_head, _quant_rows, _quant_v_block, check_statistics,
+                           launch_kv_scales, outputs)
 
 if TYPE_CHECKING:
     from .quant_attention import KernelConfig
@@ -132,31 +132,17 @@ def quantize_carried(q, k, v, qk: str, scale: float, cfg: KernelConfig, last: to
     check_statistics("into", into, n_stat, q.device)
     if last.data_ptr() == into.data_ptr():
         raise ValueError("into must not be last: the pass reads last while the next launch fills into")
-    n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
-    sq_pad, sk_pad = n_m * cfg.block_m, n_n * cfg.block_n
-    qk_dtype = torch.int8 if qk == "int8" else torch.float8_e4m3fn
-    qmax = INT8_MAX if qk == "int8" else FP8_MAX
-    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
-    q8 = get((B * H, sq_pad, D), qk_dtype, "q")
-    k8 = get((B * HK, sk_pad, D), qk_dtype, "k")
-    vt8 = get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt")
-    qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
-    ks = torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device)
-    k_sums = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
-    v_max = torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device)
-    q_sums = torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs
+    o = outputs(q, k, qk, cfg, buffers, sums)
     v_scale = torch.empty((B * HK, D), dtype=torch.float32, device=q.device)
-    q_programs, kv_programs = n_m * B * H, n_n * B * HK
+    q_programs, kv_programs = o.n_m * B * H, o.n_n * B * HK
     _carried_pass_kernel[(q_programs + 2 * kv_programs,)](
-        q, q8, qs, q_sums, k, k8, ks, k_sums, last, v, vt8, v_max, n_stat, *q.stride(), *k.stride(),
-        *v.stride(), H, HK, SQ, SK, sq_pad, sk_pad, n_m, n_n, q_programs, kv_programs, scale * LOG2E, D=D,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=qk == "int8", QMAX=qmax, HAS_SUMS=sums, PERMUTE=permute_v,
-        num_warps=CARRIED_PASS_WARPS)
-    cols = min(32, D)
-    _kv_scales_kernel[(B * HK, D // cols)](k_sums, v_max, into, n_stat, n_n, SK, D=D, COLS=cols,
-                                           CHUNK=min(256, triton.next_power_of_2(n_n)))
-    _repair_v_kernel[(kv_programs,)](v, vt8, last, into, n_stat, v_scale, repaired, *v.stride(), HK, SK, sk_pad,
-                                     n_n, kv_programs, D=D, BLOCK=cfg.block_n, PERMUTE=permute_v,
+        q, o.q, o.q_scale, o.q_sums, k, o.k, o.k_scale, o.k_sums, last, v, o.vt, o.v_max, n_stat, *q.stride(),
+        *k.stride(), *v.stride(), H, HK, SQ, SK, o.sq_pad, o.sk_pad, o.n_m, o.n_n, q_programs, kv_programs,
+        scale * LOG2E, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TO_INT8=qk == "int8", QMAX=o.qmax,
+        HAS_SUMS=sums, PERMUTE=permute_v, num_warps=CARRIED_PASS_WARPS)
+    launch_kv_scales(o, into, n_stat, SK)
+    _repair_v_kernel[(kv_programs,)](v, o.vt, last, into, n_stat, v_scale, repaired, *v.stride(), HK, SK, o.sk_pad,
+                                     o.n_n, kv_programs, D=D, BLOCK=cfg.block_n, PERMUTE=permute_v,
                                      num_warps=CARRIED_PASS_WARPS)
-    return Quantized(q8, qs, k8, ks, vt8, v_scale, sq_pad, sk_pad, qk, float(scale), cfg.block_m, cfg.block_n,
-                     permute_v, k_sums, q_sums if sums else None)
+    return Quantized(o.q, o.q_scale, o.k, o.k_scale, o.vt, v_scale, o.sq_pad, o.sk_pad, qk, float(scale), cfg.block_m,
+                     cfg.block_n, permute_v, o.k_sums, o.q_sums if sums else None)
