@@ -70,6 +70,36 @@ def test_at_this_calls_own_statistics_the_copies_are_quantizes_bit_for_bit(qk, p
     assert repaired.item() == 0
 
 
+def test_with_a_workspace_every_copy_and_scratch_comes_from_it_and_the_values_do_not_change():
+    """A form's calls take their scales and sums from its workspace, as they do their copies: no allocation per call
+    but the output, and the same values as fresh tensors."""
+    from ditgate.forms.workspace import WorkspacePool
+
+    B, H, HK, S, D = 1, 2, 2, 64, 32
+    q, k, v = _qkv(B, H, HK, S, D, seed=5)
+    pool = WorkspacePool()
+
+    def buffers(shape, dtype, name):
+        return pool.get(shape, dtype, q.device, name)
+
+    fields = ("q", "q_scale", "k", "k_scale", "vt", "v_scale", "k_sums", "q_sums")
+    fresh = quantize(q, k, v, "fp8", 0.125, CFG, sums=True, statistics=_stats(k))
+    last, into = _stats(k), _stats(k)
+    pooled = quantize(q, k, v, "fp8", 0.125, CFG, buffers, sums=True, statistics=last)
+    for name in fields:
+        assert torch.equal(getattr(pooled, name).float(), getattr(fresh, name).float()), name
+    carried = [quantize_carried(q, k, v, "fp8", 0.125, CFG, last, into, _counter(), buffers, sums=True)
+               for _ in range(2)]
+    kept = {buf.data_ptr() for buf in pool._buffers.values()}
+    for z in (pooled, *carried):
+        for name in fields:
+            if name != "v_scale" or z is not pooled:  # two passes leave V's scales in the statistics buffer
+                assert getattr(z, name).data_ptr() in kept, name
+    for name in ("q", "q_scale", "k", "k_scale", "k_sums", "q_sums"):  # V's copy is at the carried scales
+        assert torch.equal(getattr(carried[1], name).float(), getattr(fresh, name).float()), name
+    assert carried[0].k_sums.data_ptr() == carried[1].k_sums.data_ptr()
+
+
 def _v_copy_agrees(z, v, scale):
     """V's transposed FP8 copy (not permuted) is V over ``scale`` ([B * HK, D]) in e4m3, rounded as torch rounds,
     except where the rounding carries into the next power of two or meets a tie: Triton's interpreter (3.6) drops

@@ -261,22 +261,24 @@ class Outputs:
 
 
 def outputs(q, k, qk: str, cfg: KernelConfig, buffers=None, sums: bool = False) -> Outputs:
-    """The ``Outputs`` of quantizing B, H, S, D ``q`` and ``k`` (and V like K) in ``qk`` mode at ``cfg``'s blocks."""
+    """The ``Outputs`` of quantizing B, H, S, D ``q`` and ``k`` (and V like K) in ``qk`` mode at ``cfg``'s blocks:
+    copies and scratch alike from ``buffers`` where given (a form's workspace, whose copies live as long as a call's
+    scales and sums do), fresh tensors otherwise: at image lengths a form's host time per call is what its kernels
+    wait on, and each allocation is a part of it."""
     B, H, SQ, D = q.shape
     HK, SK = k.shape[1], k.shape[2]
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
     sq_pad, sk_pad = n_m * cfg.block_m, n_n * cfg.block_n
     qk_dtype = torch.int8 if qk == "int8" else torch.float8_e4m3fn
     get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
-    qs = torch.empty((B * H, n_m), dtype=torch.float32, device=q.device)
+    qs = get((B * H, n_m), torch.float32, "q_scale")
+    f32 = torch.float32
     return Outputs(
         n_m, n_n, sq_pad, sk_pad, INT8_MAX if qk == "int8" else FP8_MAX,
         get((B * H, sq_pad, D), qk_dtype, "q"), get((B * HK, sk_pad, D), qk_dtype, "k"),
-        get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt"), qs,
-        torch.empty((B * HK, n_n), dtype=torch.float32, device=q.device),
-        torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device),
-        torch.empty((B, HK, n_n, D), dtype=torch.float32, device=q.device),
-        torch.empty((B, H, n_m, D), dtype=torch.float32, device=q.device) if sums else qs)
+        get((B * HK, D, sk_pad), torch.float8_e4m3fn, "vt"), qs, get((B * HK, n_n), f32, "k_scale"),
+        get((B, HK, n_n, D), f32, "k_sums"), get((B, HK, n_n, D), f32, "v_max"),
+        get((B, H, n_m, D), f32, "q_sums") if sums else qs)
 
 
 def launch_kv_scales(out: Outputs, statistics: torch.Tensor, n_stat: int, SK: int) -> None:
