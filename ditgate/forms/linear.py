@@ -117,10 +117,12 @@ class QuantizedWeight:
 
     data: torch.Tensor  # [N, K] in the form's 8-bit format, row-major (its transpose is the column-major operand)
     scale: torch.Tensor  # [1, N] float32: one scale per output channel ([1, 1] for a tensor-wise form)
+    # what a form keeps per site beyond the weight, updated by its calls (``linear_delayed``: the largest input seen)
+    state: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size() + self.scale.numel() * self.scale.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scale, self.state) if t is not None)
 
 
 def rowwise_scale(t: torch.Tensor, largest: float) -> torch.Tensor:
@@ -181,6 +183,9 @@ class LinearForm(Probed):
     quantization_fuses: bool = True
     # its input's quantization kernel may compile before its first call (``gate.compile_ahead``): reads nothing back
     compiles_ahead: bool = True
+    # its calls read state its site's eager calls start (``QuantizedWeight.state``): a compiled call at a site where
+    # none ran goes to the host
+    needs_eager_call: bool = False
 
     def not_supported_reasons(self, call: LinearCall, rows_known: bool = True) -> list[str]:
         avail = self.availability()
@@ -199,11 +204,13 @@ class LinearForm(Probed):
 
     def run(self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """``x`` [M, K] in the host's dtype -> [M, N] in that dtype, ``bias`` added."""
-        xq, xs = self.quantize_input(x)
+        xq, xs = self.quantize_input(x, weight)
         return self.product(xq, xs, x.dtype, weight, bias)
 
-    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A call's [M, K] input as 8-bit values and their scales (row-wise here: [M, 1])."""
+    def quantize_input(self, x: torch.Tensor, weights: QuantizedWeight | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A call's [M, K] input as 8-bit values and their scales (row-wise here: [M, 1]); ``weights``: the site's,
+        for a form whose input scale is per site state."""
         return quantize_activation(x, fp8=self.fp8)
 
     def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
@@ -336,7 +343,8 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
     quantization_fuses = False
     compiles_ahead = False  # its quantization is torch ops alone: no Triton launch to compile ahead
 
-    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize_input(self, x: torch.Tensor, weights: QuantizedWeight | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_fp8_tensor(x)
 
     def product_dtype(self, xq: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
@@ -348,10 +356,15 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
 # FP8 first where the GPU has it (twice the dense rate on Hopper, and the format torchao's row-wise recipe uses).
 LINEAR_PRIORITY: tuple[str, ...] = ("fp8_linear", "int8_linear")
 # Forms a plan measures only when named (``linear=[...]``, ``LinearSetting(forms=...)``, ``--linear-forms``).
-LINEAR_OPT_IN: tuple[str, ...] = ("fp8_tensor_linear",)
+LINEAR_OPT_IN: tuple[str, ...] = ("fp8_tensor_linear", "fp8_delayed_linear")
 
-_LINEAR_CLASSES: dict[str, type[LinearForm]] = {
-    cls.spec.name: cls for cls in (Fp8RowwiseLinear, Int8DynamicLinear, Fp8TensorwiseLinear)}
+
+@functools.cache
+def _linear_classes() -> dict[str, type[LinearForm]]:
+    """Every linear form class by name (``linear_delayed`` builds on this module, so it is imported here, late)."""
+    from .linear_delayed import Fp8DelayedLinear
+
+    return {cls.spec.name: cls for cls in (Fp8RowwiseLinear, Int8DynamicLinear, Fp8TensorwiseLinear, Fp8DelayedLinear)}
 
 
 class UnknownLinearFormError(ValueError):
@@ -360,7 +373,7 @@ class UnknownLinearFormError(ValueError):
 
 def check_linear_form_names(names) -> tuple[str, ...]:
     names = tuple(names)
-    unknown = [n for n in names if n not in _LINEAR_CLASSES]
+    unknown = [n for n in names if n not in _linear_classes()]
     if unknown:
         raise UnknownLinearFormError(f"unknown linear form name(s) {unknown}; known linear forms: "
                                      f"{', '.join(LINEAR_PRIORITY + LINEAR_OPT_IN)}")
@@ -371,4 +384,4 @@ def create_linear_forms(names=None) -> dict[str, LinearForm]:
     """Fresh linear form instances, by name, in the documented order (the default candidates, ``LINEAR_PRIORITY``,
     when ``names`` is None)."""
     wanted = check_linear_form_names(names) if names is not None else LINEAR_PRIORITY
-    return {name: _LINEAR_CLASSES[name]() for name in wanted}
+    return {name: _linear_classes()[name]() for name in wanted}

@@ -209,7 +209,7 @@ def _product(form: LinearForm, x: torch.Tensor, weights, bias: torch.Tensor | No
 
     def product() -> torch.Tensor:
         if not quantized:
-            quantized.extend(form.quantize_input(x.reshape(-1, x.shape[-1])))
+            quantized.extend(form.quantize_input(x.reshape(-1, x.shape[-1]), weights))
         return form.product(quantized[0], quantized[1], x.dtype, weights, bias)
 
     return product

@@ -28,6 +28,7 @@ logger = logging.getLogger("ditgate")
 _aten = torch.ops.aten
 PAYLOAD_DATA = "ditgate_qweight"
 PAYLOAD_SCALE = "ditgate_wscale"
+PAYLOAD_STATE = "ditgate_lstate"
 KEEP_HOST = ("cpu", "device")
 
 
@@ -121,14 +122,19 @@ class WeightCustody:
     def hold_payload(self, form: str, weight: QuantizedWeight) -> None:
         self.module.register_buffer(PAYLOAD_DATA, weight.data, persistent=False)
         self.module.register_buffer(PAYLOAD_SCALE, weight.scale, persistent=False)
+        if weight.state is not None:
+            self.module.register_buffer(PAYLOAD_STATE, weight.state, persistent=False)
+        else:
+            self.module._buffers.pop(PAYLOAD_STATE, None)
         self.payload_form = form
 
     def payload(self) -> QuantizedWeight | None:
-        data = self.module._buffers.get(PAYLOAD_DATA)
-        return None if data is None else QuantizedWeight(data, self.module._buffers[PAYLOAD_SCALE])
+        buffers = self.module._buffers
+        data = buffers.get(PAYLOAD_DATA)
+        return None if data is None else QuantizedWeight(data, buffers[PAYLOAD_SCALE], buffers.get(PAYLOAD_STATE))
 
     def _drop_payload(self) -> None:
-        for name in (PAYLOAD_DATA, PAYLOAD_SCALE):
+        for name in (PAYLOAD_DATA, PAYLOAD_SCALE, PAYLOAD_STATE):
             self.module._buffers.pop(name, None)
         self.payload_form = None
 

@@ -1,4 +1,5 @@
-"""Row-wise 8-bit quantization of a linear layer's input in one launch: e4m3 or int8 values and a scale per row.
+"""Row-wise 8-bit quantization of a linear layer's input in one launch: e4m3 or int8 values and a scale per row (and
+the cast alone, ``cast_at_scale``, for an input whose scale is known before the call).
 
 The linear forms quantize each call's [M, K] activation before their 8-bit matrix product. In eager PyTorch that
 is five to seven elementwise kernels (abs, amax, a float32 copy, divide, clamp, cast): about 33 bytes of memory
@@ -78,3 +79,42 @@ def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: i
                                                 FP8=fp8, GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
                                                 num_warps=warps)
     return values, scales
+
+
+@triton.jit
+def _scaled_cast_kernel(X, Q, SCALE, M, K, sxm, sxk, LARGEST: tl.constexpr, GRID_FIRST: tl.constexpr,
+                        BM: tl.constexpr, BK: tl.constexpr):
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    inside_rows = rows < M
+    base = rows.to(tl.int64)[:, None] * sxm
+    out = rows.to(tl.int64)[:, None] * K
+    scale = tl.load(SCALE)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        inside = inside_rows[:, None] & (cols[None, :] < K)
+        x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(x / scale, -LARGEST), LARGEST)
+        if GRID_FIRST:
+            y = _on_e4m3_grid(y)
+        tl.store(Q + out + cols[None, :], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=inside)
+
+
+def cast_at_scale(x: torch.Tensor, scale: torch.Tensor, block_m: int = BLOCK_M, block_k: int = BLOCK_K,
+                  warps: int = 4) -> torch.Tensor:
+    """``x`` [M, K] (any strides) over the one float32 ``scale`` on the device, clamped to e4m3 and cast, in one
+    launch that reads ``x`` once: the numerics of ``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, which
+    in eager PyTorch is four passes and a float32 copy. For a scale known before the call (``forms.linear_delayed``),
+    where no row's absmax is needed first."""
+    if x.dim() != 2:
+        raise ValueError(f"cast_at_scale takes [M, K], got {tuple(x.shape)}")
+    if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != x.device:
+        raise ValueError(f"the scale must be one float32 element on {x.device}, got {scale.numel()} {scale.dtype} on "
+                         f"{scale.device}")
+    m, k = x.shape
+    values = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    if m:
+        _scaled_cast_kernel[(triton.cdiv(m, block_m),)](x, values, scale, m, k, x.stride(0), x.stride(1),
+                                                        LARGEST=float(torch.finfo(torch.float8_e4m3fn).max),
+                                                        GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
+                                                        num_warps=warps)
+    return values

@@ -66,6 +66,7 @@ class LinearRouter:
         self._routes: dict[tuple, object] = {}  # call signature -> what serves it, for the generation below
         self._generation = -1
         self._aside = False
+        self.eager_served: set[str] = set()  # forms an eager call at this site ran (``LinearForm.needs_eager_call``)
         self.custody.install_forward(self.forward)
 
     # --- weights -------------------------------------------------------------------------------------
@@ -76,6 +77,7 @@ class LinearRouter:
             return self.custody.payload()
         if form not in self.candidates:
             self.candidates[form] = self.context.forms[form].quantize(self.host_weight(self.custody.device))
+            self.eager_served.discard(form)  # new weights, a new state: no eager call has started it
         return self.candidates[form]
 
     def host_weight(self, device: torch.device) -> torch.Tensor:
@@ -114,6 +116,8 @@ class LinearRouter:
 
     def run_form(self, form: LinearForm, x: torch.Tensor, weights: QuantizedWeight) -> torch.Tensor:
         out = form.run(x.reshape(-1, x.shape[-1]), weights, self.module.bias)
+        if form.needs_eager_call and not _compiling():
+            self.eager_served.add(form.name)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def run_host(self, x: torch.Tensor) -> torch.Tensor:
@@ -194,7 +198,12 @@ class LinearRouter:
         """Why ``form`` cannot serve this call here (empty when it can): its envelope, or the call not fitting the
         site (``mismatch``)."""
         reasons = self.usable(form, call)
-        return reasons[0] if reasons else self.mismatch(x)
+        if reasons:
+            return reasons[0]
+        if _compiling() and self.context.forms[form].needs_eager_call and form not in self.eager_served:
+            return ("its input scale starts at an eager call of this site and none has run (run one forward before "
+                    "compiling)")
+        return self.mismatch(x)
 
     def mismatch(self, x: torch.Tensor) -> str:
         """Why no form may serve this input at this site, whatever its envelope (empty when one may): another dtype
@@ -259,6 +268,7 @@ class LinearRouter:
     # --- the way back --------------------------------------------------------------------------
     def detach(self) -> None:
         self.candidates.clear()
+        self.eager_served.clear()
         self.custody.restore()
 
 

@@ -1,0 +1,108 @@
+"""FP8 W8A8 with a delayed activation scale: what lets a compiled graph quantize a linear's input in the kernel that
+makes it, with no reduction in the way.
+
+The row-wise form (``fp8_linear``) needs each row's absmax before it may cast any element of that row, so inside a
+compiled graph inductor makes the input's producer (a GELU, a norm and its modulation) a reduction kernel that reads
+the row twice; on an H100 in compiled Flux those kernels took about twice what the producers alone took. The
+tensor-wise form (``fp8_tensor_linear``) waits on a whole tensor's absmax, a pass of its own.
+
+This form takes its one activation scale from the largest input absmax its site has seen so far instead, as
+Transformer Engine's delayed-scaling recipe takes FP8 scales from an amax history: the cast is then a pointwise op on
+a scale already known, which inductor folds into the producer, and the product is cuBLAS's plain tensor-wise FP8
+GEMM. The input's absmax is still taken on every call, but nothing waits on it: it only updates the site's history
+for the next call.
+
+Per site the form keeps two float32 numbers on the device (``QuantizedWeight.state``): the largest input absmax seen,
+and how many compiled calls had an input beyond the scale they used. The scale is that absmax times ``MARGIN`` over
+e4m3's largest value:
+
+- an eager call takes its own absmax into the history first, so it is never clamped (its scale is at least its own
+  absmax times the margin);
+- a compiled call uses the history as it stood before the call, so an input that grew past ``MARGIN`` times every
+  earlier input of its site is clamped at e4m3's largest value, and the call is counted
+  (``delayed_clamped_calls``, in the report). Its absmax still enters the history, so the next call's scale covers it.
+
+A site's history starts at its first eager call (the gate's calibrating calls are eager); a compiled call at a site
+where no eager call ran yet goes to the host with that reason (``LinearRouter``). Opt-in (``linear=[...]``), like
+every tensor-wise form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from .linear import _MIN_SCALE, FP8_MAX, Fp8TensorwiseLinear, QuantizedWeight
+
+# Headroom over the largest input absmax a site has seen: a compiled call's input may grow to this many times every
+# earlier one before any element clamps. One binade of e4m3's range (about 2^15 between its smallest normal value and
+# its largest) is the price: the smallest elements of a tensor go subnormal one binade sooner.
+MARGIN = 2.0
+
+
+def new_state(device: torch.device) -> torch.Tensor:
+    """A site's delayed-scaling state: [largest input absmax seen, compiled calls clamped], both 0."""
+    return torch.zeros(2, dtype=torch.float32, device=device)
+
+
+class Fp8DelayedLinear(Fp8TensorwiseLinear):
+    """FP8 e4m3 W8A8, one activation scale per site from the largest input absmax seen (module docstring), one weight
+    scale per tensor; cuBLAS's tensor-wise FP8 product (``torch._scaled_mm``) with fast accumulation."""
+
+    spec = dataclasses.replace(
+        Fp8TensorwiseLinear.spec,
+        name="fp8_delayed_linear",
+        description="FP8 e4m3 W8A8 linear, the activation's scale delayed (the largest input absmax the site has "
+                    f"seen, times {MARGIN:g}), one weight scale (torch._scaled_mm, tensor-wise)",
+        error_bound=f"each operand element within 2^-4 of its value (relative) or 2^-10 of its tensor's scale "
+                    f"(absolute, the activation's scale {MARGIN:g}x its largest input seen); a compiled call whose "
+                    f"input exceeds {MARGIN:g}x every earlier input of its site is clamped there, and counted",
+    )
+    quantization_fuses = True  # a pointwise cast at a known scale: inductor folds it into the input's producer
+    needs_eager_call = True
+
+    def quantize(self, weight: torch.Tensor) -> QuantizedWeight:
+        quantized = super().quantize(weight)
+        return dataclasses.replace(quantized, state=new_state(quantized.data.device))
+
+    def quantize_input(self, x: torch.Tensor, weights: QuantizedWeight | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        if weights is None or weights.state is None:
+            raise ValueError("fp8_delayed_linear quantizes an input at its site's scale: give the site's weights "
+                             "(their state holds the largest input seen)")
+        state = weights.state
+        if torch.compiler.is_compiling():  # torch ops, which inductor fuses into the input's producer
+            current = x.abs().amax().float()
+            seen = state[0].clone()
+            scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
+            clamped = (current > seen * MARGIN).float()
+            state.copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
+            return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
+        # eager: one reduction for this call's absmax (into the history before the cast), then one cast
+        current = torch.linalg.vector_norm(x.detach(), float("inf")).float()
+        largest = torch.maximum(state[0], current)
+        state[0].copy_(largest)
+        scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
+        cast = _fused_cast() if x.device.type == "cuda" else None
+        if cast is not None:
+            return cast(x, scale), scale.reshape(1, 1)
+        return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
+
+
+@functools.cache
+def _fused_cast():
+    """``kernels.rowwise_quant.cast_at_scale`` (one launch, one read of the input), or None without Triton."""
+    try:
+        from ..kernels.rowwise_quant import cast_at_scale
+    except Exception:  # no Triton: the torch ops serve
+        return None
+    return cast_at_scale
+
+
+def delayed_clamped_calls(weights: QuantizedWeight | None) -> int:
+    """Compiled calls at a site whose input exceeded the scale they used (reads the device: synchronises)."""
+    if weights is None or weights.state is None:
+        return 0
+    return int(weights.state[1].item())
