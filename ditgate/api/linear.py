@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..forms.linear import LinearCall, LinearForm
+from ..forms.linear_delayed import delayed_clamped_calls
 from ..gate.linear import LinearSetting, settle_sites
 from ..gate.verdict import Verdict
 from ..hosts.linear_weights import guard_fuse_lora
@@ -127,7 +128,7 @@ class LinearPart:
                 name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls, serving=serving_route(counts),
                 routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
                 weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(), aside=r.aside,
-                bytes_now=r.custody.bytes_now()))
+                bytes_now=r.custody.bytes_now(), clamped_calls=delayed_clamped_calls(r.custody.payload())))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
                             sum(s.bytes_now for s in sites))
 

@@ -1,0 +1,107 @@
+"""fp8_delayed_linear: the activation's scale from the largest input its site has seen. Eager calls take their own
+absmax first and are never clamped; compiled calls use the history, count a call whose input went past it, and feed
+the history for the next call; a compiled call at a site no eager call started goes to the host."""
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.forms.linear import create_linear_forms
+from ditgate.forms.linear_delayed import MARGIN, delayed_clamped_calls
+from ditgate.gate import compare
+from ditgate.gate.linear import LinearSetting
+
+from .helpers import Tiny
+
+NAME = "fp8_delayed_linear"
+
+
+def _form():
+    form = create_linear_forms([NAME])[NAME]
+    if not form.availability().available:
+        pytest.skip(form.availability().reason)
+    return form
+
+
+def _reference(x, w):
+    return x.double() @ w.double().T
+
+
+def test_eager_calls_take_their_own_absmax_first_and_are_never_clamped():
+    form = _form()
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(48, 64, generator=gen), torch.randn(20, 64, generator=gen)
+    weights = form.quantize(w)
+    assert weights.state.tolist() == [0.0, 0.0] and weights.nbytes == 48 * 64 + 4 + 8
+    for factor in (1.0, 0.1, 10.0):  # a smaller input keeps the larger scale; a larger one raises it first
+        out = form.run(x * factor, weights, None)
+        ref = _reference(x * factor, w)
+        assert compare(out, ref).rel_l2 < 0.06
+    assert weights.state[0].item() == pytest.approx(10 * x.abs().max().item())
+    assert delayed_clamped_calls(weights) == 0
+    values, scale = form.quantize_input(x * 10, weights)
+    assert values.float().abs().max().item() == pytest.approx(448 / MARGIN, rel=0.07)  # the headroom is kept
+
+
+@pytest.mark.slow
+def test_a_compiled_call_uses_the_history_counts_a_clamped_call_and_the_next_call_covers_it():
+    torch._dynamo.reset()
+    form = _form()
+    gen = torch.Generator().manual_seed(1)
+    w, x = torch.randn(32, 64, generator=gen), torch.randn(16, 64, generator=gen)
+    weights = form.quantize(w)
+    eager = form.run(x, weights, None)
+    compiled = torch.compile(lambda t: form.run(t, weights, None), fullgraph=True)
+    assert torch.allclose(compiled(x), eager, rtol=0, atol=1e-5)  # at the history's scale: what eager made
+    assert delayed_clamped_calls(weights) == 0
+    big = x * (4 * MARGIN)
+    clamped = compiled(big)  # past twice the largest input seen: clamped at e4m3's largest value, and counted
+    assert delayed_clamped_calls(weights) == 1
+    assert weights.state[0].item() == pytest.approx(big.abs().max().item())
+    assert compare(clamped, _reference(big, w)).rel_l2 > 0.1
+    again = compiled(big)  # the history now covers it
+    assert delayed_clamped_calls(weights) == 1
+    assert compare(again, _reference(big, w)).rel_l2 < 0.06
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_a_compiled_call_at_a_site_no_eager_call_started_goes_to_the_host_and_then_the_form_serves():
+    torch._dynamo.reset()
+    tiny = Tiny("tiny-wan")
+    ffn = tiny.model.blocks[0].ffn
+    x = torch.randn(1, 64, 32)
+    with torch.no_grad():
+        host = ffn(x)
+        plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, progress=False,
+                              linear=LinearSetting(forms=(NAME,), roles=("feed-forward",), keep_host="device"))
+        first = torch.compile(ffn, fullgraph=True)(x)
+        assert torch.allclose(first, host, rtol=0, atol=1e-5)  # no history at either site yet: the host served both
+        eager = ffn(x)  # eager calls start each site's history
+        assert compare(eager, host).rel_l2 > 1e-4
+        torch._dynamo.reset()
+        compiled = torch.compile(ffn, fullgraph=True)(x)
+    assert torch.allclose(compiled, eager, rtol=0, atol=1e-5)
+    record = plan.report().linear
+    assert {s.weights for s in record.sites if s.role == "feed-forward"} == {NAME}
+    assert all(s.clamped_calls == 0 for s in record.sites)
+    plan.detach()
+    torch._dynamo.reset()
+    assert torch.equal(ffn(x), host)
+    assert not any("ditgate" in name for name, _ in ffn.named_buffers())
+
+
+def test_the_eager_cast_kernel_gives_the_torch_ops_bits():
+    pytest.importorskip("triton")
+    from ditgate.kernels.rowwise_quant import cast_at_scale
+
+    gen = torch.Generator().manual_seed(2)
+    wide = torch.randn(7, 600, generator=gen).bfloat16()
+    wide[2, 5] = 900.0  # beyond 448 times the scale: clamped
+    x = wide[:, ::2]  # a strided view, K = 300
+    scale = torch.tensor([0.5])
+    got = cast_at_scale(x, scale)
+    want = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    with pytest.raises(ValueError, match="one float32 element"):
+        cast_at_scale(x, torch.tensor([0.5, 1.0]))
