@@ -61,6 +61,7 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
                     f"input exceeds {MARGIN:g}x every earlier input of its site is clamped there, and counted",
     )
     quantization_fuses = True  # a pointwise cast at a known scale: inductor folds it into the input's producer
+    compiles_ahead = True  # its eager cast is a Triton launch that reads nothing back
     needs_eager_call = True
 
     def quantize(self, weight: torch.Tensor) -> QuantizedWeight:
