@@ -43,6 +43,21 @@ def test_eager_calls_take_their_own_absmax_first_and_are_never_clamped():
     assert values.float().abs().max().item() == pytest.approx(448 / MARGIN, rel=0.07)  # the headroom is kept
 
 
+def test_an_input_that_holds_an_inf_or_a_nan_does_not_spoil_the_history():
+    form = _form()
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(16, 32, generator=gen), torch.randn(8, 32, generator=gen)
+    weights = form.quantize(w)
+    form.run(x, weights, None)
+    seen = weights.state[0].item()
+    for bad in (float("inf"), float("nan")):
+        spoiled = x.clone()
+        spoiled[0, 0] = bad
+        form.run(spoiled, weights, None)
+        assert weights.state[0].item() == seen
+    assert compare(form.run(x, weights, None), _reference(x, w)).rel_l2 < 0.06
+
+
 @pytest.mark.slow
 def test_a_compiled_call_uses_the_history_counts_a_clamped_call_and_the_next_call_covers_it():
     torch._dynamo.reset()

@@ -75,14 +75,14 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
                              "(their state holds the largest input seen)")
         state = weights.state
         if torch.compiler.is_compiling():  # torch ops, which inductor fuses into the input's producer
-            current = x.abs().amax().float()
+            current = _finite(x.abs().amax().float())
             seen = state[0].clone()
             scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
             clamped = (current > seen * MARGIN).float()
             state.copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
             return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
         # eager: one reduction for this call's absmax (into the history before the cast), then one cast
-        current = torch.linalg.vector_norm(x.detach(), float("inf")).float()
+        current = _finite(torch.linalg.vector_norm(x.detach(), float("inf")).float())
         largest = torch.maximum(state[0], current)
         state[0].copy_(largest)
         scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
@@ -90,6 +90,12 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
         if cast is not None:
             return cast(x, scale), scale.reshape(1, 1)
         return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
+
+
+def _finite(amax: torch.Tensor) -> torch.Tensor:
+    """An input's absmax as the history may take it: an inf or a NaN (an input that held one) as 0, so that one bad
+    call does not set every later call's scale at its site to inf or NaN."""
+    return torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
 
 
 @functools.cache
