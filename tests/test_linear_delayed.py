@@ -55,7 +55,18 @@ def test_an_input_that_holds_an_inf_or_a_nan_does_not_spoil_the_history():
         spoiled[0, 0] = bad
         form.run(spoiled, weights, None)
         assert weights.state[0].item() == seen
+    assert delayed_clamped_calls(weights) == 2  # both counted
     assert compare(form.run(x, weights, None), _reference(x, w)).rel_l2 < 0.06
+
+
+def test_a_state_made_under_inference_mode_serves_calls_outside_it():
+    form = _form()
+    w, x = torch.randn(16, 32), torch.randn(8, 32)
+    with torch.inference_mode():
+        weights = form.quantize(w)
+        form.run(x, weights, None)
+    form.run(x * 3, weights, None)  # in place on the state outside inference mode
+    assert weights.state[0].item() == pytest.approx(3 * x.abs().max().item())
 
 
 @pytest.mark.slow
@@ -81,21 +92,24 @@ def test_a_compiled_call_uses_the_history_counts_a_clamped_call_and_the_next_cal
 
 
 @pytest.mark.slow
-def test_a_compiled_call_at_a_site_no_eager_call_started_goes_to_the_host_and_then_the_form_serves():
+def test_a_compiled_call_at_a_site_no_eager_call_started_goes_to_the_host_and_then_the_form_serves(caplog):
     torch._dynamo.reset()
     tiny = Tiny("tiny-wan")
     ffn = tiny.model.blocks[0].ffn
     x = torch.randn(1, 64, 32)
-    with torch.no_grad():
+    with torch.no_grad(), caplog.at_level("WARNING", logger="ditgate"):
         host = ffn(x)
         plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, progress=False,
                               linear=LinearSetting(forms=(NAME,), roles=("feed-forward",), keep_host="device"))
-        first = torch.compile(ffn, fullgraph=True)(x)
+        sites = sum(s.weights == NAME for s in plan.report().linear.sites)
+        assert sites >= 2 and f"{NAME} serves {sites} linear site(s) whose input scale starts at their first eager " \
+                              "call" in caplog.text
+        graphed = torch.compile(ffn, fullgraph=True)
+        first = graphed(x)
         assert torch.allclose(first, host, rtol=0, atol=1e-5)  # no history at either site yet: the host served both
         eager = ffn(x)  # eager calls start each site's history
         assert compare(eager, host).rel_l2 > 1e-4
-        torch._dynamo.reset()
-        compiled = torch.compile(ffn, fullgraph=True)(x)
+        compiled = graphed(x)  # traced again: dynamo guards on the eager call
     assert torch.allclose(compiled, eager, rtol=0, atol=1e-5)
     record = plan.report().linear
     assert {s.weights for s in record.sites if s.role == "feed-forward"} == {NAME}
@@ -112,11 +126,12 @@ def test_the_eager_cast_kernel_gives_the_torch_ops_bits():
 
     gen = torch.Generator().manual_seed(2)
     wide = torch.randn(7, 600, generator=gen).bfloat16()
-    wide[2, 5] = 900.0  # beyond 448 times the scale: clamped
+    wide[2, 4] = 900.0  # beyond 448 times the scale: clamped
     x = wide[:, ::2]  # a strided view, K = 300
     scale = torch.tensor([0.5])
     got = cast_at_scale(x, scale)
     want = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert got[2, 2].float().item() == 448
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     with pytest.raises(ValueError, match="one float32 element"):
         cast_at_scale(x, torch.tensor([0.5, 1.0]))

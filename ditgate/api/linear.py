@@ -8,6 +8,8 @@ quantizes it at once. Either way the plan's ``fuse_lora`` guard refuses fusing w
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..forms.linear import LinearCall, LinearForm
@@ -19,6 +21,8 @@ from ..hosts.linears import find_linear_sites
 from ..router import HOST, RouterContext
 from ..router.linear import LinearChooser, LinearContext, LinearRouter, StaticLinearChooser
 from .report import LinearRecord, LinearSiteRecord
+
+logger = logging.getLogger("ditgate")
 
 
 def serving_route(counts) -> str:
@@ -83,9 +87,25 @@ class LinearPart:
                 self.context.chooser.chosen[router.name] = (None, "no linear form serves this site ("
                                                             + "; ".join(refusals) + ")")
                 router.step_aside()
+        self._say_unstarted()
 
     def settle(self, verdicts: dict[tuple[str, str], Verdict]) -> None:
         settle_sites(self.routers, verdicts)
+        self._say_unstarted()
+
+    def _say_unstarted(self) -> None:
+        """Once, where sites settled on a form whose calls need an eager call first (``needs_eager_call``) and none
+        ran there yet (a plan from a receipt, or one that does not measure): compiled calls at those sites run the
+        host, and nothing inside a graph counts them."""
+        waiting: dict[str, int] = {}
+        for r in self.routers:
+            form = r.custody.payload_form
+            if form is not None and self.context.forms[form].needs_eager_call and form not in r.eager_served:
+                waiting[form] = waiting.get(form, 0) + 1
+        for form, sites in waiting.items():
+            logger.warning("ditgate: %s serves %d linear site(s) whose input scale starts at their first eager call; "
+                           "run one forward eagerly before torch.compile, or the compiled graph keeps them on the host",
+                           form, sites)
 
     def aside(self, prefix: str = "") -> list[LinearRouter]:
         """The sites (under ``prefix``) running their module's own forward since the host won them everywhere."""
@@ -128,7 +148,7 @@ class LinearPart:
                 name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls, serving=serving_route(counts),
                 routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
                 weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(), aside=r.aside,
-                bytes_now=r.custody.bytes_now(), clamped_calls=delayed_clamped_calls(r.custody.payload())))
+                bytes_now=r.custody.bytes_now(), clamped_calls=delayed_clamped_calls(r.custody.payload(), *r.candidates.values())))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
                             sum(s.bytes_now for s in sites))
 

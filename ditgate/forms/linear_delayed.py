@@ -13,18 +13,18 @@ GEMM. The input's absmax is still taken on every call, but nothing waits on it: 
 for the next call.
 
 Per site the form keeps two float32 numbers on the device (``QuantizedWeight.state``): the largest input absmax seen,
-and how many compiled calls had an input beyond the scale they used. The scale is that absmax times ``MARGIN`` over
-e4m3's largest value:
+and how many calls had an input beyond the scale they used. The scale is that absmax times ``MARGIN`` over e4m3's
+largest value:
 
 - an eager call takes its own absmax into the history first, so it is never clamped (its scale is at least its own
-  absmax times the margin);
+  absmax times the margin), unless its input held an inf or a NaN (``_finite``: counted);
 - a compiled call uses the history as it stood before the call, so an input that grew past ``MARGIN`` times every
   earlier input of its site is clamped at e4m3's largest value, and the call is counted
   (``delayed_clamped_calls``, in the report). Its absmax still enters the history, so the next call's scale covers it.
 
 A site's history starts at its first eager call (the gate's calibrating calls are eager); a compiled call at a site
-where no eager call ran yet goes to the host with that reason (``LinearRouter``). Opt-in (``linear=[...]``), like
-every tensor-wise form.
+where no eager call ran yet goes to the host (``LinearRouter``; a plan re-applied from a receipt or made without
+measuring says so once at attach). Opt-in (``linear=[...]``), like every tensor-wise form.
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ MARGIN = 2.0
 
 
 def new_state(device: torch.device) -> torch.Tensor:
-    """A site's delayed-scaling state: [largest input absmax seen, compiled calls clamped], both 0."""
-    return torch.zeros(2, dtype=torch.float32, device=device)
+    """A site's delayed-scaling state: [largest input absmax seen, calls clamped], both 0. Made outside inference mode
+    even when asked inside it (a plan calibrated under ``torch.inference_mode()``): every later call, inside it or
+    not, updates it in place."""
+    with torch.inference_mode(False):
+        return torch.zeros(2, dtype=torch.float32, device=device)
 
 
 class Fp8DelayedLinear(Fp8TensorwiseLinear):
@@ -75,16 +78,17 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
                              "(their state holds the largest input seen)")
         state = weights.state
         if torch.compiler.is_compiling():  # torch ops, which inductor fuses into the input's producer
-            current = _finite(x.abs().amax().float())
+            raw = x.abs().amax().float()
+            current, spoiled = _finite(raw)
             seen = state[0].clone()
             scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
-            clamped = (current > seen * MARGIN).float()
+            clamped = ((current > seen * MARGIN) | spoiled).float()
             state.copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
             return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
         # eager: one reduction for this call's absmax (into the history before the cast), then one cast
-        current = _finite(torch.linalg.vector_norm(x.detach(), float("inf")).float())
+        current, spoiled = _finite(torch.linalg.vector_norm(x.detach(), float("inf")).float())
         largest = torch.maximum(state[0], current)
-        state[0].copy_(largest)
+        state.copy_(torch.stack((largest, state[1] + spoiled.float())))
         scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
         cast = _fused_cast() if x.device.type == "cuda" else None
         if cast is not None:
@@ -92,10 +96,12 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
         return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
 
 
-def _finite(amax: torch.Tensor) -> torch.Tensor:
-    """An input's absmax as the history may take it: an inf or a NaN (an input that held one) as 0, so that one bad
-    call does not set every later call's scale at its site to inf or NaN."""
-    return torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
+def _finite(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An input's absmax as the history may take it, and whether the input held an inf or a NaN: such an absmax
+    counts as 0, so that one bad call does not set every later scale at its site to inf or NaN. That call's finite
+    elements are cast at the history's scale (clamped beyond it), and the call is counted as clamped."""
+    spoiled = ~torch.isfinite(amax)
+    return torch.where(spoiled, torch.zeros_like(amax), amax), spoiled
 
 
 @functools.cache
@@ -108,8 +114,7 @@ def _fused_cast():
     return cast_at_scale
 
 
-def delayed_clamped_calls(weights: QuantizedWeight | None) -> int:
-    """Compiled calls at a site whose input exceeded the scale they used (reads the device: synchronises)."""
-    if weights is None or weights.state is None:
-        return 0
-    return int(weights.state[1].item())
+def delayed_clamped_calls(*weights: QuantizedWeight | None) -> int:
+    """Calls at a site (over every set of its weights given) whose input exceeded the scale they used or held an inf
+    or a NaN (reads the device: synchronises)."""
+    return sum(int(w.state[1].item()) for w in weights if w is not None and w.state is not None)

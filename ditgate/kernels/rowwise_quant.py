@@ -92,8 +92,11 @@ def _scaled_cast_kernel(X, Q, SCALE, M, K, sxm, sxk, LARGEST: tl.constexpr, GRID
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
-        x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(x / scale, -LARGEST), LARGEST)
+        x = tl.load(X + base + cols[None, :].to(tl.int64) * sxk, mask=inside, other=0.0).to(tl.float32)
+        # IEEE division (Triton's "/" is an approximate one on a GPU) and clamps that keep a NaN, as torch's do
+        y = tl.math.div_rn(x, scale)
+        y = tl.minimum(tl.maximum(y, -LARGEST, propagate_nan=tl.PropagateNan.ALL), LARGEST,
+                       propagate_nan=tl.PropagateNan.ALL)
         if GRID_FIRST:
             y = _on_e4m3_grid(y)
         tl.store(Q + out + cols[None, :], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=inside)
