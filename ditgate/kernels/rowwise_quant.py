@@ -54,7 +54,7 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
         cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
         x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(x / scale[:, None], -LARGEST), LARGEST)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -LARGEST), LARGEST)  # IEEE division, as torch
         if FP8:
             if GRID_FIRST:
                 y = _on_e4m3_grid(y)
