@@ -148,7 +148,8 @@ class LinearPart:
                 name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls, serving=serving_route(counts),
                 routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
                 weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(), aside=r.aside,
-                bytes_now=r.custody.bytes_now(), clamped_calls=delayed_clamped_calls(r.custody.payload(), *r.candidates.values())))
+                bytes_now=r.custody.bytes_now(),
+                clamped_calls=delayed_clamped_calls(r.custody.payload(), *r.candidates.values())))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
                             sum(s.bytes_now for s in sites))
 
