@@ -98,6 +98,23 @@ def test_math_and_flex_forms_match_sdpa_on_cpu():
         assert (out - ref).norm() / ref.norm() < 1e-5, form.name
 
 
+@pytest.mark.slow
+def test_flex_on_cpu_refuses_the_key_lengths_its_kernel_gets_wrong_and_serves_the_others():
+    """At head dim 16 torch's compiled CPU flex returned NaN or wrong rows for key lengths of 8 mod 16 (a tiny model's
+    8 text tokens): the form refuses those calls, and serves a multiple of 16 exactly."""
+    from ditgate.forms import AttentionInputs
+
+    flex = create_forms(["flex"])["flex"]
+    cpu = dict(device_type="cpu", dtype="float32", capability=None, head_dim=16, head_dim_v=16)
+    assert any("multiple of 16" in r for r in flex.not_supported_reasons(_call(seq_kv=24, **cpu)))
+    assert flex.not_supported_reasons(_call(seq_kv=32, **cpu)) == []
+    assert flex.not_supported_reasons(_call(seq_kv=24, **{**cpu, "head_dim": 64, "head_dim_v": 64})) == []
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16), torch.randn(1, 2, 32, 16)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert torch.allclose(flex.run(AttentionInputs(q, k, v)), ref, atol=1e-5)
+
+
 def test_package_exports():
     assert callable(ditgate.attach) and ditgate.__version__
 

@@ -104,13 +104,30 @@ def test_the_host_weight_waits_in_cpu_memory_behind_a_stand_in():
     assert original.data_ptr() != storage and torch.equal(original.data, values)  # a copy, held by the plan
     assert tiny.model.dtype == torch.float32 and tiny.model.device.type == "cpu"
     tiny.model.to("cpu")  # moving the model moves the stand-in and the 8-bit buffers with it
-    assert isinstance(module.weight, HeldWeight) and module.ditgate_qweight.dtype == torch.float8_e4m3fn
+    assert isinstance(module.weight, HeldWeight) and module.ditgate_qweight.view(torch.float8_e4m3fn).numel() > 0
     with pytest.raises(HeldWeightError, match="blocks.0.attn1.to_q's weight is quantized"):
         module.weight.data.add_(1)
     with pytest.raises(HeldWeightError, match="detach the plan"):
         tiny.model.to(torch.float64)
     plan.detach()
     assert module.weight is original and torch.equal(original, values) and original.dtype == torch.float32
+
+
+def test_moving_the_model_to_its_own_dtype_leaves_the_quantized_weights_as_they_were():
+    """``module.to(dtype)`` casts a module's floating buffers: the 8-bit weights and their float32 scales are held as
+    integer bits, so ``pipe.to(torch.float32)`` on a float32 model does not turn them into float32 values."""
+    tiny = Tiny("tiny-wan")
+    plan = ditgate.attach(tiny.model, measure=False, linear=LinearSetting(forms=("fp8_linear",)), progress=False)
+    routed = tiny.forward()
+    router = next(r for r in plan.linear.routers if r.custody.payload_form == "fp8_linear")
+    before = router.custody.payload()
+    tiny.model.to(torch.float32)
+    after = router.custody.payload()
+    assert (after.data.dtype, after.scale.dtype) == (torch.float8_e4m3fn, torch.float32)
+    assert torch.equal(after.data.view(torch.uint8), before.data.view(torch.uint8))
+    assert torch.equal(after.scale, before.scale)
+    assert torch.equal(tiny.forward(), routed)
+    plan.detach()
 
 
 def test_keep_host_on_the_device_keeps_the_original_values_in_place():

@@ -46,6 +46,10 @@ class FlexCompiled(Form):
     def extra_reasons(self, call: AttentionCall) -> list[str]:
         if call.device_type == "cpu" and call.dtype != "float32":
             return [f"compiled flex on CPU serves float32 only, not {call.dtype}"]
+        if call.device_type == "cpu" and call.mask is MaskKind.NONE and call.head_dim < 32 and call.seq_kv % 16:
+            # torch's CPU kernel returns NaN or wrong rows at head dim 16 for key lengths of 8 mod 16 (no mask)
+            return [f"compiled flex on CPU at head dim {call.head_dim} needs a key length that is a multiple of 16, "
+                    f"not {call.seq_kv}"]
         return []
 
     def _fn(self):

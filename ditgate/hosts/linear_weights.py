@@ -30,6 +30,14 @@ PAYLOAD_DATA = "ditgate_qweight"
 PAYLOAD_SCALE = "ditgate_wscale"
 PAYLOAD_STATE = "ditgate_lstate"
 KEEP_HOST = ("cpu", "device")
+# The payload's floating-point tensors are held as buffers under integer views of the same bits: ``module.to(dtype)``
+# (``pipe.to(torch.bfloat16)``) casts every floating buffer of a module, which would turn e4m3 weights and float32
+# scales into bf16 values; integer buffers only move between devices.
+_BITS = {torch.float8_e4m3fn: torch.uint8, torch.float32: torch.int32}
+
+
+def _held_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
 
 
 class HeldWeightError(RuntimeError):
@@ -102,6 +110,7 @@ class WeightCustody:
         self._forward: Callable | None = None
         self.released_to: str | None = None  # "cpu" / "device" while the stand-in is in place
         self.payload_form: str | None = None
+        self._payload_dtypes: dict[str, torch.dtype] = {}  # each payload buffer's own dtype (held as integer bits)
 
     # --- the routed forward --------------------------------------------------------------------------
     def install_forward(self, forward: Callable) -> None:
@@ -120,22 +129,27 @@ class WeightCustody:
 
     # --- the form's weights --------------------------------------------------------------------------
     def hold_payload(self, form: str, weight: QuantizedWeight) -> None:
-        self.module.register_buffer(PAYLOAD_DATA, weight.data, persistent=False)
-        self.module.register_buffer(PAYLOAD_SCALE, weight.scale, persistent=False)
-        if weight.state is not None:
-            self.module.register_buffer(PAYLOAD_STATE, weight.state, persistent=False)
-        else:
-            self.module._buffers.pop(PAYLOAD_STATE, None)
+        """The form's weights as the module's buffers (non-persistent: ``state_dict()`` does not change), each under
+        an integer view of its bits (``_BITS``); ``payload`` views them back. The state is the same memory the form
+        updates in place."""
+        self._drop_payload()
+        for name, t in ((PAYLOAD_DATA, weight.data), (PAYLOAD_SCALE, weight.scale), (PAYLOAD_STATE, weight.state)):
+            if t is not None:
+                self.module.register_buffer(name, _held_bits(t), persistent=False)
+                self._payload_dtypes[name] = t.dtype
         self.payload_form = form
 
     def payload(self) -> QuantizedWeight | None:
         buffers = self.module._buffers
-        data = buffers.get(PAYLOAD_DATA)
-        return None if data is None else QuantizedWeight(data, buffers[PAYLOAD_SCALE], buffers.get(PAYLOAD_STATE))
+        if buffers.get(PAYLOAD_DATA) is None:
+            return None
+        own = {name: buffers[name].view(dtype) for name, dtype in self._payload_dtypes.items()}
+        return QuantizedWeight(own[PAYLOAD_DATA], own[PAYLOAD_SCALE], own.get(PAYLOAD_STATE))
 
     def _drop_payload(self) -> None:
         for name in (PAYLOAD_DATA, PAYLOAD_SCALE, PAYLOAD_STATE):
             self.module._buffers.pop(name, None)
+        self._payload_dtypes.clear()
         self.payload_form = None
 
     # --- the host's weight ---------------------------------------------------------------------------
