@@ -56,7 +56,7 @@ def _linear_table(linear: LinearRecord, measured: bool) -> Table:
             hosted = (hosted + "; " if hosted else "") + "own forward again (calls since not counted)"
         row = [s.name, s.role, "\n".join(s.shapes) or "(not called)", s.serving + (f"\n{hosted}" if hosted else ""),
                str(s.calls), str(sum(f.failures for f in s.failures)),
-               s.weights + (f"\n{s.clamped_calls} compiled call(s) clamped" if s.clamped_calls else ""),
+               s.weights + (f"\n{s.clamped_calls} call(s) clamped" if s.clamped_calls else ""),
                f"{_bytes(s.bytes_before)} -> {_bytes(s.bytes_now)}"]
         if measured:
             row += list(_verdict_cells(s))

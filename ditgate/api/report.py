@@ -62,7 +62,8 @@ class LinearSiteRecord:
     bytes_before: int  # weight and bias on the module's device at attach
     bytes_now: int  # what the site holds there now (8-bit weights and scales, bias, the host weight if still there)
     aside: bool = False  # the host won every shape: the module runs its own forward again, its calls uncounted
-    # compiled calls whose input went past the scale a delayed-scaling form had for them (``forms.linear_delayed``)
+    # calls whose input went past the scale a delayed-scaling form had for them, or held an inf or a NaN
+    # (``forms.linear_delayed``)
     clamped_calls: int = 0
 
 

@@ -152,19 +152,21 @@ def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch
     """A call's [M, K] input, row-wise: in one Triton launch on a GPU (``kernels.rowwise_quant``: the eager ops
     above move about ten times the bytes), the same numerics through torch ops elsewhere and inside a compiled
     graph (where inductor fuses them into one kernel of its own)."""
-    if x.device.type == "cuda" and not torch.compiler.is_compiling() and _fused_quantizer() is not None:
-        return _fused_quantizer()(x, fp8)
+    quantize_rows = rowwise_kernel("quantize_rows")
+    if x.device.type == "cuda" and not torch.compiler.is_compiling() and quantize_rows is not None:
+        return quantize_rows(x, fp8)
     return quantize_fp8(x) if fp8 else quantize_int8(x)
 
 
 @functools.cache
-def _fused_quantizer():
-    """``kernels.rowwise_quant.quantize_rows``, or None where Triton cannot be imported (loaded once, read-only)."""
+def rowwise_kernel(name: str):
+    """A launcher of ``kernels.rowwise_quant`` by name (``quantize_rows``, ``cast_at_scale``), or None where Triton
+    cannot be imported, so that the torch ops serve (loaded once, read-only)."""
     try:
-        from ..kernels.rowwise_quant import quantize_rows
-    except Exception:  # no Triton: the torch ops serve
+        from ..kernels import rowwise_quant
+    except Exception:  # no Triton
         return None
-    return quantize_rows
+    return getattr(rowwise_quant, name)
 
 
 class LinearForm(Probed):

@@ -30,11 +30,10 @@ measuring says so once at attach). Opt-in (``linear=[...]``), like every tensor-
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
-from .linear import _MIN_SCALE, FP8_MAX, Fp8TensorwiseLinear, QuantizedWeight
+from .linear import _MIN_SCALE, FP8_MAX, Fp8TensorwiseLinear, QuantizedWeight, rowwise_kernel
 
 # Headroom over the largest input absmax a site has seen: a compiled call's input may grow to this many times every
 # earlier one before any element clamps. One binade of e4m3's range (about 2^15 between its smallest normal value and
@@ -90,7 +89,7 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
         largest = torch.maximum(state[0], current)
         state.copy_(torch.stack((largest, state[1] + spoiled.float())))
         scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
-        cast = _fused_cast() if x.device.type == "cuda" else None
+        cast = rowwise_kernel("cast_at_scale") if x.device.type == "cuda" else None
         if cast is not None:
             return cast(x, scale), scale.reshape(1, 1)
         return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
@@ -102,16 +101,6 @@ def _finite(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     elements are cast at the history's scale (clamped beyond it), and the call is counted as clamped."""
     spoiled = ~torch.isfinite(amax)
     return torch.where(spoiled, torch.zeros_like(amax), amax), spoiled
-
-
-@functools.cache
-def _fused_cast():
-    """``kernels.rowwise_quant.cast_at_scale`` (one launch, one read of the input), or None without Triton."""
-    try:
-        from ..kernels.rowwise_quant import cast_at_scale
-    except Exception:  # no Triton: the torch ops serve
-        return None
-    return cast_at_scale
 
 
 def delayed_clamped_calls(*weights: QuantizedWeight | None) -> int:

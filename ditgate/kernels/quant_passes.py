@@ -260,6 +260,11 @@ class Outputs:
     q_sums: torch.Tensor
 
 
+def workspace(buffers, device: torch.device):
+    """``buffers(shape, dtype, name)`` where a form's workspace is given, else one that makes fresh tensors."""
+    return buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=device))
+
+
 def outputs(q, k, qk: str, cfg: KernelConfig, buffers=None, sums: bool = False) -> Outputs:
     """The ``Outputs`` of quantizing B, H, S, D ``q`` and ``k`` (and V like K) in ``qk`` mode at ``cfg``'s blocks:
     copies and scratch alike from ``buffers`` where given (a form's workspace, whose copies live as long as a call's
@@ -270,7 +275,7 @@ def outputs(q, k, qk: str, cfg: KernelConfig, buffers=None, sums: bool = False) 
     n_m, n_n = _cdiv(SQ, cfg.block_m), _cdiv(SK, cfg.block_n)
     sq_pad, sk_pad = n_m * cfg.block_m, n_n * cfg.block_n
     qk_dtype = torch.int8 if qk == "int8" else torch.float8_e4m3fn
-    get = buffers or (lambda shape, dtype, name: torch.empty(shape, dtype=dtype, device=q.device))
+    get = workspace(buffers, q.device)
     qs = get((B * H, n_m), torch.float32, "q_scale")
     f32 = torch.float32
     return Outputs(

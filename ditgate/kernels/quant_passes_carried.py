@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .quant_passes import (LOG2E, Quantized, _block_and_head, _quant_rows, _quant_v_block, check_statistics,
-                           launch_kv_scales, outputs)
+                           launch_kv_scales, outputs, workspace)
 
 if TYPE_CHECKING:
     from .quant_attention import KernelConfig
@@ -133,8 +133,7 @@ def quantize_carried(q, k, v, qk: str, scale: float, cfg: KernelConfig, last: to
     if last.data_ptr() == into.data_ptr():
         raise ValueError("into must not be last: the pass reads last while the next launch fills into")
     o = outputs(q, k, qk, cfg, buffers, sums)
-    v_scale = buffers((B * HK, D), torch.float32, "v_scale") if buffers else torch.empty(
-        (B * HK, D), dtype=torch.float32, device=q.device)
+    v_scale = workspace(buffers, q.device)((B * HK, D), torch.float32, "v_scale")
     q_programs, kv_programs = o.n_m * B * H, o.n_n * B * HK
     _carried_pass_kernel[(q_programs + 2 * kv_programs,)](
         q, o.q, o.q_scale, o.q_sums, k, o.k, o.k_scale, o.k_sums, last, v, o.vt, o.v_max, n_stat, *q.stride(),
