@@ -32,7 +32,7 @@ def test_eager_calls_take_their_own_absmax_first_and_are_never_clamped():
     gen = torch.Generator().manual_seed(0)
     w, x = torch.randn(48, 64, generator=gen), torch.randn(20, 64, generator=gen)
     weights = form.quantize(w)
-    assert weights.state.tolist() == [0.0, 0.0] and weights.nbytes == 48 * 64 + 4 + 8
+    assert weights.state.tolist() == [0.0, 0.0, 0.0] and weights.nbytes == 48 * 64 + 4 + 12
     for factor in (1.0, 0.1, 10.0):  # a smaller input keeps the larger scale; a larger one raises it first
         out = form.run(x * factor, weights, None)
         ref = _reference(x * factor, w)
@@ -120,18 +120,31 @@ def test_a_compiled_call_at_a_site_no_eager_call_started_goes_to_the_host_and_th
     assert not any("ditgate" in name for name, _ in ffn.named_buffers())
 
 
-def test_the_eager_cast_kernel_gives_the_torch_ops_bits():
+def test_the_eager_kernels_give_the_torch_ops_bits_and_state():
     pytest.importorskip("triton")
-    from ditgate.kernels.rowwise_quant import cast_at_scale
+    from ditgate.kernels.rowwise_quant import quantize_delayed
 
+    form = _form()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # interpreted on a CPU; the torch ops on a CPU either way
     gen = torch.Generator().manual_seed(2)
-    wide = torch.randn(7, 600, generator=gen).bfloat16()
-    wide[2, 4] = 900.0  # beyond 448 times the scale: clamped
-    x = wide[:, ::2]  # a strided view, K = 300
-    scale = torch.tensor([0.5])
-    got = cast_at_scale(x, scale)
-    want = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-    assert got[2, 2].float().item() == 448
-    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    with pytest.raises(ValueError, match="one float32 element"):
-        cast_at_scale(x, torch.tensor([0.5, 1.0]))
+    w = torch.randn(16, 300, generator=gen)
+    torch_ops = form.quantize(w)
+    state = torch.zeros(3, device=device)
+    state[0] = torch_ops.state[0] = 3.0  # a history above this input's absmax: the scale stays the history's
+    for factor in (1.0, 0.01, 40.0):  # kept, kept, raised
+        wide = torch.randn(7, 600, generator=gen).bfloat16() * factor
+        x = wide[:, ::2]  # a strided view, K = 300
+        got, got_scale = quantize_delayed(wide.to(device)[:, ::2], state, MARGIN)
+        want, want_scale = form.quantize_input(x, torch_ops)
+        assert torch.equal(got_scale.cpu().reshape(1, 1), want_scale)
+        assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+        assert torch.equal(state.cpu(), torch_ops.state)
+    for bad in (float("inf"), float("nan")):  # out of the history; counted once per call, whatever its rows
+        x = torch.randn(40, 300, generator=gen).bfloat16()
+        x[0, 1] = x[33, 7] = bad
+        quantize_delayed(x.to(device), state, MARGIN)
+        form.quantize_input(x, torch_ops)
+        assert torch.equal(state.cpu(), torch_ops.state) and state[2].item() == 0
+    assert state[1].item() == 2
+    with pytest.raises(ValueError, match="3 float32 elements"):
+        quantize_delayed(x.to(device), torch.zeros(2, device=device), MARGIN)

@@ -160,7 +160,7 @@ def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch
 
 @functools.cache
 def rowwise_kernel(name: str):
-    """A launcher of ``kernels.rowwise_quant`` by name (``quantize_rows``, ``cast_at_scale``), or None where Triton
+    """A launcher of ``kernels.rowwise_quant`` by name (``quantize_rows``, ``quantize_delayed``), or None where Triton
     cannot be imported, so that the torch ops serve (loaded once, read-only)."""
     try:
         from ..kernels import rowwise_quant

@@ -12,12 +12,15 @@ a scale already known, which inductor folds into the producer, and the product i
 GEMM. The input's absmax is still taken on every call, but nothing waits on it: it only updates the site's history
 for the next call.
 
-Per site the form keeps two float32 numbers on the device (``QuantizedWeight.state``): the largest input absmax seen,
-and how many calls had an input beyond the scale they used. The scale is that absmax times ``MARGIN`` over e4m3's
+Per site the form keeps three float32 numbers on the device (``QuantizedWeight.state``): the largest input absmax
+seen, how many calls had an input beyond the scale they used, and a scratch flag of the eager call in flight. The scale is that absmax times ``MARGIN`` over e4m3's
 largest value:
 
 - an eager call takes its own absmax into the history first, so it is never clamped (its scale is at least its own
-  absmax times the margin), unless its input held an inf or a NaN (``_finite``: counted);
+  absmax times the margin), unless its input held an inf or a NaN (``_finite``: counted). On CUDA that is two
+  Triton launches (``kernels.rowwise_quant.quantize_delayed``: the absmax into the state, then the cast), where
+  torch ops take about a dozen launches: an image model's linears are short enough that an eager forward is bound
+  by the host's launches, and the whole-model check times eager forwards;
 - a compiled call uses the history as it stood before the call, so an input that grew past ``MARGIN`` times every
   earlier input of its site is clamped at e4m3's largest value, and the call is counted
   (``delayed_clamped_calls``, in the report). Its absmax still enters the history, so the next call's scale covers it.
@@ -42,11 +45,12 @@ MARGIN = 2.0
 
 
 def new_state(device: torch.device) -> torch.Tensor:
-    """A site's delayed-scaling state: [largest input absmax seen, calls clamped], both 0. Made outside inference mode
+    """A site's delayed-scaling state: [largest input absmax seen, calls clamped, the eager call's inf-or-NaN flag],
+    all 0. Made outside inference mode
     even when asked inside it (a plan calibrated under ``torch.inference_mode()``): every later call, inside it or
     not, updates it in place."""
     with torch.inference_mode(False):
-        return torch.zeros(2, dtype=torch.float32, device=device)
+        return torch.zeros(3, dtype=torch.float32, device=device)
 
 
 class Fp8DelayedLinear(Fp8TensorwiseLinear):
@@ -82,16 +86,17 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
             seen = state[0].clone()
             scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
             clamped = ((current > seen * MARGIN) | spoiled).float()
-            state.copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
+            state[:2].copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
             return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
-        # eager: one reduction for this call's absmax (into the history before the cast), then one cast
+        # eager: this call's absmax into the history before the cast
+        fused = rowwise_kernel("quantize_delayed") if x.device.type == "cuda" else None
+        if fused is not None:
+            values, scale = fused(x.detach(), state, MARGIN)
+            return values, scale.reshape(1, 1)
         current, spoiled = _finite(torch.linalg.vector_norm(x.detach(), float("inf")).float())
         largest = torch.maximum(state[0], current)
-        state.copy_(torch.stack((largest, state[1] + spoiled.float())))
+        state[:2].copy_(torch.stack((largest, state[1] + spoiled.float())))
         scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
-        cast = rowwise_kernel("cast_at_scale") if x.device.type == "cuda" else None
-        if cast is not None:
-            return cast(x, scale), scale.reshape(1, 1)
         return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
 
 

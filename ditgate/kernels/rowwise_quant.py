@@ -1,5 +1,6 @@
-"""Row-wise 8-bit quantization of a linear layer's input in one launch: e4m3 or int8 values and a scale per row (and
-the cast alone, ``cast_at_scale``, for an input whose scale is known before the call).
+"""Row-wise 8-bit quantization of a linear layer's input in one launch: e4m3 or int8 values and a scale per row (and,
+``quantize_delayed``, the delayed-scaling form's eager quantization in two: the absmax into its site's history, then
+the cast at the history's scale).
 
 The linear forms quantize each call's [M, K] activation before their 8-bit matrix product. In eager PyTorch that
 is five to seven elementwise kernels (abs, amax, a float32 copy, divide, clamp, cast): about 33 bytes of memory
@@ -25,6 +26,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read when Triton rea
 BLOCK_M = 1
 BLOCK_K = 2048
 MIN_SCALE = 1e-12
+_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
 @triton.jit
@@ -82,18 +84,44 @@ def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: i
 
 
 @triton.jit
-def _scaled_cast_kernel(X, Q, SCALE, M, K, sxm, sxk, LARGEST: tl.constexpr, GRID_FIRST: tl.constexpr,
-                        BM: tl.constexpr, BK: tl.constexpr):
+def _absmax_into_kernel(X, STATE, M, K, sxm, sxk, BM: tl.constexpr, BK: tl.constexpr):
+    """Each program's finite absmax of its rows into STATE[0] (an atomic maximum: the history takes this call's
+    absmax), and into STATE[2] a 1 where its rows hold an inf or a NaN."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     inside_rows = rows < M
     base = rows.to(tl.int64)[:, None] * sxm
+    amax = tl.zeros([BM], dtype=tl.float32)
+    bad = tl.zeros([BM], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        inside = inside_rows[:, None] & (cols[None, :] < K)
+        a = tl.abs(tl.load(X + base + cols[None, :].to(tl.int64) * sxk, mask=inside, other=0.0).to(tl.float32))
+        finite = a < float("inf")  # False for an inf and for a NaN
+        amax = tl.maximum(amax, tl.max(tl.where(finite, a, 0.0), axis=1))
+        bad = tl.maximum(bad, tl.max(tl.where(finite, 0.0, 1.0), axis=1))
+    tl.atomic_max(STATE, tl.max(amax, axis=0))
+    tl.atomic_max(STATE + 2, tl.max(bad, axis=0))
+
+
+@triton.jit
+def _delayed_cast_kernel(X, Q, STATE, SCALE, M, K, sxm, sxk, MARGIN: tl.constexpr, LARGEST: tl.constexpr,
+                         GRID_FIRST: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """The cast at the history's scale, max(STATE[0] * MARGIN / LARGEST, 1e-12), written to SCALE by program 0,
+    which also moves this call's inf-or-NaN flag (STATE[2]) into the count (STATE[1]); no other program reads them."""
+    pid = tl.program_id(0)
+    scale = tl.maximum(tl.math.div_rn(tl.load(STATE) * MARGIN, LARGEST), 1e-12)
+    if pid == 0:
+        tl.store(SCALE, scale)
+        tl.store(STATE + 1, tl.load(STATE + 1) + tl.load(STATE + 2))
+        tl.store(STATE + 2, 0.0)
+    rows = pid * BM + tl.arange(0, BM)
+    inside_rows = rows < M
+    base = rows.to(tl.int64)[:, None] * sxm
     out = rows.to(tl.int64)[:, None] * K
-    scale = tl.load(SCALE)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
         x = tl.load(X + base + cols[None, :].to(tl.int64) * sxk, mask=inside, other=0.0).to(tl.float32)
-        # IEEE division (Triton's "/" is an approximate one on a GPU) and clamps that keep a NaN, as torch's do
         y = tl.math.div_rn(x, scale)
         y = tl.minimum(tl.maximum(y, -LARGEST, propagate_nan=tl.PropagateNan.ALL), LARGEST,
                        propagate_nan=tl.PropagateNan.ALL)
@@ -102,22 +130,27 @@ def _scaled_cast_kernel(X, Q, SCALE, M, K, sxm, sxk, LARGEST: tl.constexpr, GRID
         tl.store(Q + out + cols[None, :], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=inside)
 
 
-def cast_at_scale(x: torch.Tensor, scale: torch.Tensor, block_m: int = BLOCK_M, block_k: int = BLOCK_K,
-                  warps: int = 4) -> torch.Tensor:
-    """``x`` [M, K] (any strides) over the one float32 ``scale`` on the device, clamped to e4m3 and cast, in one
-    launch that reads ``x`` once: the numerics of ``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, which
-    in eager PyTorch is four passes and a float32 copy. For a scale known before the call (``forms.linear_delayed``),
-    where no row's absmax is needed first."""
+AMAX_BLOCK_M = 16
+
+
+def quantize_delayed(x: torch.Tensor, state: torch.Tensor, margin: float, block_m: int = BLOCK_M,
+                     block_k: int = BLOCK_K, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """An eager call of ``forms.linear_delayed`` in two launches, where torch ops take about a dozen: ``x`` [M, K]'s
+    finite absmax into the site's ``state`` [largest seen, calls counted, scratch] (an input holding an inf or a NaN
+    counted once), then ``x`` cast to e4m3 at ``margin`` times the largest absmax seen over e4m3's largest value.
+    Returns (values [M, K] e4m3, scale [1] float32): the numerics of the form's torch ops."""
     if x.dim() != 2:
-        raise ValueError(f"cast_at_scale takes [M, K], got {tuple(x.shape)}")
-    if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != x.device:
-        raise ValueError(f"the scale must be one float32 element on {x.device}, got {scale.numel()} {scale.dtype} on "
-                         f"{scale.device}")
+        raise ValueError(f"quantize_delayed takes [M, K], got {tuple(x.shape)}")
+    if state.shape != (3,) or state.dtype != torch.float32 or state.device != x.device:
+        raise ValueError(f"the state must be 3 float32 elements on {x.device}, got {tuple(state.shape)} {state.dtype} "
+                         f"on {state.device}")
     m, k = x.shape
     values = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(1, dtype=torch.float32, device=x.device)
     if m:
-        _scaled_cast_kernel[(triton.cdiv(m, block_m),)](x, values, scale, m, k, x.stride(0), x.stride(1),
-                                                        LARGEST=float(torch.finfo(torch.float8_e4m3fn).max),
-                                                        GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
-                                                        num_warps=warps)
-    return values
+        _absmax_into_kernel[(triton.cdiv(m, AMAX_BLOCK_M),)](x, state, m, k, x.stride(0), x.stride(1),
+                                                             BM=AMAX_BLOCK_M, BK=min(block_k, 1024), num_warps=warps)
+    _delayed_cast_kernel[(max(triton.cdiv(m, block_m), 1),)](
+        x, values, state, scale, m, k, x.stride(0), x.stride(1), MARGIN=float(margin), LARGEST=_E4M3_MAX,
+        GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
+    return values, scale

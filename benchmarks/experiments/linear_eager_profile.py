@@ -1,0 +1,75 @@
+"""Where an eager forward with linear forms spends its time: stock against static plans that serve every per-token
+linear with one form, on a preset cut to its first blocks (GPU).
+
+    PYTHONPATH=. python benchmarks/experiments/linear_eager_profile.py --preset flux-dev-1024 --layers 8 \
+        fp8_linear fp8_delayed_linear
+
+Per form: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
+top ops of one routed forward by host time and by device time. The whole-model check of a plan times forwards like
+these, eagerly, even for a plan made for a compiled model.
+"""
+
+import argparse
+import statistics
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import ditgate
+from ditgate.gate.linear import LinearSetting
+from ditgate.models.presets import get_preset
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def timed(fn, rounds: int = 1) -> float:
+    if not torch.cuda.is_available():  # a dry run of the script on a CPU
+        return 0.0 * sum(1 for _ in (fn(),)) + 1.0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(rounds):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("forms", nargs="+")
+    parser.add_argument("--preset", default="flux-dev-1024")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--top", type=int, default=14)
+    args = parser.parse_args()
+    preset = get_preset(args.preset).with_layers(args.layers)
+    model = preset.build(DEVICE, torch.bfloat16)
+    inputs = preset.inputs(model, DEVICE, torch.bfloat16)
+
+    def forward():
+        with torch.no_grad():
+            out = model(**inputs)
+            return out[0] if isinstance(out, tuple) else getattr(out, "sample", out)
+
+    for _ in range(3):
+        forward()
+    stock = statistics.median(timed(forward) for _ in range(args.rounds))  # before any plan: nothing to suspend
+    for form in args.forms:
+        plan = ditgate.attach(model, profile="speed", forms=["sdpa_cudnn"], measure=False, timing_cache=False,
+                              progress=False, linear=LinearSetting(forms=(form,)))
+        for _ in range(3):
+            forward()
+        routed = statistics.median(timed(forward) for _ in range(args.rounds))
+        print(f"== {form}: routed {routed:.2f} ms, stock {stock:.2f} ms ({stock / routed:.3f}x); one routed forward:")
+        torch.cuda.synchronize() if DEVICE == "cuda" else None
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            forward()
+            torch.cuda.synchronize() if DEVICE == "cuda" else None
+        table = prof.key_averages()
+        print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
+        print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
+        plan.detach()
+
+
+if __name__ == "__main__":
+    main()
