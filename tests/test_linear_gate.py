@@ -92,6 +92,30 @@ def test_the_whole_model_check_takes_back_linear_routes_too():
     plan.detach()
 
 
+def test_a_compiled_plans_check_times_without_its_linear_routes_and_takes_back_only_timed_routes_when_slow():
+    """A plan for a compiled model times its linear forms by their product (their quantization fuses once compiled):
+    a whole too slow eagerly takes back the attention routes it timed, not the linear ones; the output floors still
+    judge every route."""
+    tiny = Tiny("tiny-flux")
+    never_fast = dataclasses.replace(LENIENT, min_whole_ratio=1e6)  # every timed whole is too slow
+    plan = _attach(tiny, profile=never_fast, linear=LinearSetting(forms=("int8_linear",), compiled=True))
+    tiny.forward()
+    (check,) = plan.report().whole_model
+    linear = {r.name for r in plan.linear.routers}
+    attention = [v for v in plan.chooser.verdicts.values() if v.site not in linear]
+    assert attention and all(v.form is None and v.source == "reverted" for v in attention)
+    assert any(v.form == "int8_linear" for v in _linear_verdicts(plan))  # kept: judged at their sites
+    assert check.passed and "timed without the routes judged at their sites" in check.note
+    assert not any(entry.split(" @ ")[0] in linear for entry in check.reverted)
+    plan.detach()
+
+    exact_output = dataclasses.replace(LENIENT, min_output_cosine=1.0)  # the floors judge the linear routes too
+    plan = _attach(tiny, profile=exact_output, linear=LinearSetting(forms=("int8_linear",), compiled=True))
+    tiny.forward()
+    assert all(v.form is None for v in _linear_verdicts(plan))
+    plan.detach()
+
+
 def test_sites_the_host_won_everywhere_run_their_own_forward_until_a_new_shape_comes():
     tiny = Tiny("tiny-wan")
     stock = tiny.forward()

@@ -155,6 +155,8 @@ class LinearGateChooser:
         self.gate.spent_s += time.perf_counter() - started
         if self.gate.agreement is not None:  # a context-parallel denoiser's ranks settle on one verdict
             verdict = self.gate.agreement.verdict(site.name, verdict)
+        if self.setting.compiled:
+            self.gate.per_site_speed.add(site.name)
         self.gate.record(verdict)
         # only the forms this site's verdicts chose keep their 8-bit weights until it settles: a model's every form
         # at every site at once would hold as much again as its 16-bit weights
