@@ -287,6 +287,22 @@ def test_a_second_process_replays_the_whole_model_check_with_one_routed_forward(
     third.detach()
 
 
+def test_a_check_remembered_under_other_rules_is_not_replayed(tmp_path, monkeypatch):
+    """A check judged by earlier rules (before a compiled plan's linear routes were judged at their sites) may have
+    taken back routes the present rules keep: it is measured again, not replayed."""
+    from ditgate.gate import whole_memo
+
+    cache = tmp_path / "timings.json"
+    tiny = _wan(2)
+    monkeypatch.setattr(whole_memo, "CHECK_RULES", whole_memo.CHECK_RULES - 1)
+    _calibrate(tiny, LENIENT, cache, FakeForm("good")).detach()
+    monkeypatch.undo()
+    again = _calibrate(tiny, LENIENT, cache, FakeForm("good"))
+    (check,) = again.report().whole_model
+    assert not check.from_cache and check.forwards == 2
+    again.detach()
+
+
 def test_a_replay_whose_output_misses_the_floor_falls_back_to_the_full_check(tmp_path, monkeypatch):
     cache = tmp_path / "timings.json"
     tiny = _wan(2)

@@ -146,5 +146,14 @@ def test_the_eager_kernels_give_the_torch_ops_bits_and_state():
         form.quantize_input(x, torch_ops)
         assert torch.equal(state.cpu(), torch_ops.state) and state[2].item() == 0
     assert state[1].item() == 2
-    with pytest.raises(ValueError, match="3 float32 elements"):
+    fresh, fresh_ops = torch.zeros(3, device=device), form.quantize(w)  # no history: the finite elements set it
+    x = torch.randn(9, 300, generator=gen).bfloat16() * 10
+    x[4, 4] = float("inf")
+    got, got_scale = quantize_delayed(x.to(device), fresh, MARGIN)
+    want, want_scale = form.quantize_input(x, fresh_ops)
+    finite = x.float().abs().masked_fill(x.isinf(), 0).max().item()
+    assert fresh[0].item() == fresh_ops.state[0].item() == finite and fresh[1].item() == 1
+    assert torch.equal(got_scale.cpu().reshape(1, 1), want_scale)
+    assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+    with pytest.raises(ValueError, match="3 contiguous float32 elements"):
         quantize_delayed(x.to(device), torch.zeros(2, device=device), MARGIN)

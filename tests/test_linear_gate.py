@@ -116,6 +116,20 @@ def test_a_compiled_plans_check_times_without_its_linear_routes_and_takes_back_o
     plan.detach()
 
 
+def test_a_compiled_plan_with_linear_routes_alone_checks_their_output_and_times_nothing():
+    tiny = Tiny("tiny-flux")
+    plan = ditgate.attach(tiny.model, profile=dataclasses.replace(LENIENT, min_whole_ratio=1e6), forms=["sdpa_cudnn"],
+                          timing_cache=False, progress=False,  # cuDNN is no CPU form: attention stays on the host
+                          linear=LinearSetting(forms=("int8_linear",), compiled=True))
+    tiny.forward()
+    (check,) = plan.report().whole_model
+    assert check.passed and check.forwards == 2 and not check.reverted  # one host pass, one routed pass
+    assert check.ratio != check.ratio and "not timed" in check.note  # nan: no speed was measured
+    assert "speed not timed" in plan.explain()
+    assert any(v.form == "int8_linear" for v in _linear_verdicts(plan))
+    plan.detach()
+
+
 def test_sites_the_host_won_everywhere_run_their_own_forward_until_a_new_shape_comes():
     tiny = Tiny("tiny-wan")
     stock = tiny.forward()

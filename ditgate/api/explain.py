@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 from rich.console import Console
 from rich.table import Table
@@ -92,8 +93,10 @@ def explain(report: PlanReport, width: int = 220) -> str:
                      "graphs run no ditgate code and are not counted under calls")
     for w in report.whole_model:
         lines.append(
-            f"whole-model check {w.model or '(model)'}: host {w.host_ms:.1f} ms, routed {w.routed_ms:.1f} ms, "
-            f"{w.ratio:.3f}x [{w.ratio_min:.3f}-{w.ratio_max:.3f}], output cosine {w.cosine:.6f}, "
+            f"whole-model check {w.model or '(model)'}: "
+            + ("speed not timed, " if math.isnan(w.ratio) else f"host {w.host_ms:.1f} ms, routed {w.routed_ms:.1f} ms, "
+               f"{w.ratio:.3f}x [{w.ratio_min:.3f}-{w.ratio_max:.3f}], ")
+            + f"output cosine {w.cosine:.6f}, "
             f"PSNR {w.psnr_db:.1f} dB, {'passed' if w.passed else 'FAILED'} after {w.attempts} attempt(s): {w.note}"
             + (f"; reverted {len(w.reverted)} route(s)" if w.reverted else "")
         )

@@ -13,11 +13,12 @@ GEMM. The input's absmax is still taken on every call, but nothing waits on it: 
 for the next call.
 
 Per site the form keeps three float32 numbers on the device (``QuantizedWeight.state``): the largest input absmax
-seen, how many calls had an input beyond the scale they used, and a scratch flag of the eager call in flight. The scale is that absmax times ``MARGIN`` over e4m3's
-largest value:
+seen, how many calls had an input beyond the scale they used, and a scratch flag of the eager call in flight. The
+scale is that absmax times ``MARGIN`` over e4m3's largest value:
 
 - an eager call takes its own absmax into the history first, so it is never clamped (its scale is at least its own
-  absmax times the margin), unless its input held an inf or a NaN (``_finite``: counted). On CUDA that is two
+  absmax times the margin). An input holding an inf or a NaN gives the history the absmax of its finite elements
+  and is counted (``_finite_absmax``), so one bad call cannot set its site's scale to inf or NaN. On CUDA that is two
   Triton launches (``kernels.rowwise_quant.quantize_delayed``: the absmax into the state, then the cast), where
   torch ops take about a dozen launches: an image model's linears are short enough that an eager forward is bound
   by the host's launches, and the whole-model check times eager forwards;
@@ -81,8 +82,7 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
                              "(their state holds the largest input seen)")
         state = weights.state
         if torch.compiler.is_compiling():  # torch ops, which inductor fuses into the input's producer
-            raw = x.abs().amax().float()
-            current, spoiled = _finite(raw)
+            current, spoiled = _finite_absmax(x)
             seen = state[0].clone()
             scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
             clamped = ((current > seen * MARGIN) | spoiled).float()
@@ -93,19 +93,24 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
         if fused is not None:
             values, scale = fused(x.detach(), state, MARGIN)
             return values, scale.reshape(1, 1)
-        current, spoiled = _finite(torch.linalg.vector_norm(x.detach(), float("inf")).float())
+        current, spoiled = _finite_absmax(x.detach())
         largest = torch.maximum(state[0], current)
         state[:2].copy_(torch.stack((largest, state[1] + spoiled.float())))
         scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
         return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
 
 
-def _finite(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An input's absmax as the history may take it, and whether the input held an inf or a NaN: such an absmax
-    counts as 0, so that one bad call does not set every later scale at its site to inf or NaN. That call's finite
-    elements are cast at the history's scale (clamped beyond it), and the call is counted as clamped."""
-    spoiled = ~torch.isfinite(amax)
-    return torch.where(spoiled, torch.zeros_like(amax), amax), spoiled
+def _finite_absmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An input's absmax as the history may take it, over its finite elements only, and whether it held an inf or a
+    NaN (such a call is counted as clamped): one bad call must not set every later scale at its site to inf or NaN.
+    The CUDA kernel (``quantize_delayed``) takes the same maximum; inside a graph this is one fused reduction. An empty
+    input gives 0."""
+    if x.numel() == 0:
+        zero = torch.zeros((), dtype=torch.float32, device=x.device)
+        return zero, zero.bool()
+    a = x.abs()
+    finite = a < float("inf")  # False for an inf and for a NaN, as in the kernel
+    return torch.where(finite, a, torch.zeros_like(a)).amax().float(), ~finite.all()
 
 
 def delayed_clamped_calls(*weights: QuantizedWeight | None) -> int:

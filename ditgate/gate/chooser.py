@@ -63,10 +63,10 @@ class GateChooser:
         self.spent_s = 0.0  # seconds spent measuring so far (what the budget caps)
         self.host_s = 0.0  # of those, the host's own calls at the sites measured (its output is what they return)
         self.agreement = None  # a context-parallel model's ranks settle on one verdict (``agree.RankAgreement``)
-        # sites whose speed the whole-model check leaves to their own verdicts: the linear sites of a plan for a
-        # compiled model, timed by their product because inductor fuses their input's quantization, which eager
+        # (site, shape key) routes whose speed the whole-model check leaves to their own verdicts: a compiled plan's
+        # linear routes timed by their product alone, because inductor fuses their input's quantization, which eager
         # forwards run unfused (``gate.linear.LinearSetting.compiled``)
-        self.per_site_speed: set[str] = set()
+        self.per_site_speed: set[tuple[str, str]] = set()
 
     @property
     def mode(self) -> str:
@@ -96,7 +96,7 @@ class GateChooser:
     def decide(self, site: SiteRouter, call: AttentionCall) -> Decision:
         if self.mode == HOST_PASS:
             return Decision(None, "whole-model check: host pass")
-        if self.mode == TIMING_PASS and site.name in self.per_site_speed:
+        if self.mode == TIMING_PASS and (site.name, call.shape_key) in self.per_site_speed:
             return Decision(None, "whole-model check: timed without this route (its speed judged at its site)")
         verdict = self.verdicts.get((site.name, call.shape_key))
         if self.mode == CALIBRATING:

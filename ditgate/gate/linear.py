@@ -72,7 +72,8 @@ class LinearSetting:
         produces the input (a norm, a modulation, an activation) and the product is what remains (a form whose
         quantization cannot fuse, ``LinearForm.quantization_fuses`` False, is timed whole). Eager calls of such a
         plan still quantize on every call, so use it for the model you compile. Accuracy is checked as always, on
-        the whole form.
+        the whole form. The whole-model check times the model with those routes on the host (their speed is judged
+        at their sites) and checks its output with every route.
     """
 
     forms: tuple[str, ...] | None = None
@@ -155,8 +156,9 @@ class LinearGateChooser:
         self.gate.spent_s += time.perf_counter() - started
         if self.gate.agreement is not None:  # a context-parallel denoiser's ranks settle on one verdict
             verdict = self.gate.agreement.verdict(site.name, verdict)
-        if self.setting.compiled:
-            self.gate.per_site_speed.add(site.name)
+        won = self.forms.get(verdict.form) if verdict.form is not None else None
+        if self.setting.compiled and won is not None and won.quantization_fuses:
+            self.gate.per_site_speed.add((verdict.site, verdict.shape_key))  # its verdict timed the product alone
         self.gate.record(verdict)
         # only the forms this site's verdicts chose keep their 8-bit weights until it settles: a model's every form
         # at every site at once would hold as much again as its 16-bit weights

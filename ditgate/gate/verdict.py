@@ -114,6 +114,7 @@ class WholeModelCheck:
     attempts: int
     reverted: tuple[str, ...]  # "site @ shape_key" of every route the check took back
     note: str
-    forwards: int = 0  # forwards the check ran (a passing check: one host and one routed; one routed on a replay)
+    forwards: int = 0  # forwards the check ran (passing: host and routed, a timed pass more where some routes' speed is
+    # judged at their sites; one routed on a replay)
     seconds: float = 0.0  # wall time of the check
     from_cache: bool = False  # its timing replayed from the timing cache (``whole_memo``), its output checked here

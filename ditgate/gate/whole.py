@@ -14,7 +14,8 @@ verdicts time the 8-bit product alone, since inductor fuses each input's quantiz
 where an eager forward runs it unfused, launch by launch (on an image model's short linears the host's launches then
 outweigh the product: an H100 timed such a forward of compiled Flux's plan at 0.51x). Its check runs one routed pass
 with every route for the output floors, and times a pass where those sites take the host, so that the time judges
-the other routes; a slow whole then takes back only those. That is three forwards when the check passes.
+the other routes; a slow whole then takes back only those. That is three forwards when the check passes, two where
+every route is such a linear one (nothing is then timed: the ratio is nan, and the note says so).
 
 A model whose sites all stayed on the host needs no check (no forward). Where a check that passed for the same
 model, inputs and routes is remembered in the timing cache (``whole_memo``), it is replayed: its take-backs are
@@ -70,11 +71,8 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
     def mine():
         return [v for v in chooser.routed() if not prefix or v.site.startswith(prefix)]
 
-    def timed_routes():  # the routes a timed pass serves
-        return [v for v in mine() if v.site not in chooser.per_site_speed]
-
-    apart = any(v.site in chooser.per_site_speed for v in mine())  # routes whose speed is judged at their sites
-    timing_mode = TIMING_PASS if apart else ROUTED_PASS
+    def timed_routes():  # the routes a timed pass serves: not those whose speed is judged at their sites
+        return [v for v in mine() if (v.site, v.shape_key) not in chooser.per_site_speed]
 
     def run(mode: str) -> torch.Tensor:
         nonlocal forwards
@@ -106,36 +104,40 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
         while True:
             attempts += 1
             routes, timed_apart = mine(), timed_routes()
-            if apart:  # every route for the output; the time without the routes judged at their sites
-                routed_out = run(ROUTED_PASS)
-                routed_ms = timed(TIMING_PASS)[1] if timed_apart else host_ms
+            apart = len(timed_apart) < len(routes)  # some routes' speed is judged at their sites
+            if apart:  # every route for the output, then (if it passes) the time without those routes
+                routed_out, routed_ms = run(ROUTED_PASS), math.nan
             else:
                 routed_out, routed_ms = timed(ROUTED_PASS)
             acc = compare(routed_out, host_out)
             del routed_out
-            ratio = lo = hi = host_ms / max(routed_ms, 1e-9)
+            floors_ok = all(agree(name, _floors_ok(p, acc)))  # one answer on every rank of a context-parallel model
+            if apart and floors_ok and timed_apart:
+                routed_ms = timed(TIMING_PASS)[1]
+            ratio = lo = hi = host_ms / max(routed_ms, 1e-9)  # nan where nothing was timed
             h_ms, r_ms = host_ms, routed_ms
-            floors_ok = _floors_ok(p, acc)
             # one pair is noisy: confirm before reverting (on every rank of a context-parallel model, if on any)
             if any(agree(name, floors_ok and bool(timed_apart) and ratio < p.min_whole_ratio)):
-                timing = paired_timing(lambda: run(HOST_PASS), lambda: run(timing_mode), device, p.whole_rounds,
-                                       target_ms=0.0, lead=False)  # the same forwards on every rank
+                timing = paired_timing(lambda: run(HOST_PASS), lambda: run(TIMING_PASS if apart else ROUTED_PASS),
+                                       device, p.whole_rounds, target_ms=0.0, lead=False)  # the same on every rank
                 ratio, lo, hi, h_ms, r_ms = timing.ratio, timing.ratio_min, timing.ratio_max, timing.host_ms, \
                     timing.form_ms
-            passed = all(agree(name, floors_ok and (ratio >= p.min_whole_ratio or not timed_apart)))
+            passed = all(agree(name, floors_ok and (not timed_apart or ratio >= p.min_whole_ratio)))
             if passed or not routes:
                 if not routes:
                     note = (f"every route reverted ({why})" if reverted
                             else "no routes: the host serves every site")
                 else:
                     note = f"passed after reverting {len(reverted)} route(s): {why}" if reverted else "passed"
-                if apart:
+                if apart and not timed_apart:
+                    note += "; not timed: every route's speed is judged at its site (a compiled plan's linear routes)"
+                elif apart:
                     note += ("; timed without the routes judged at their sites (a compiled plan's linear routes), "
                              "their output checked with the rest")
                 break
             timed_as = " (timed without the routes judged at their sites)" if apart else ""
-            why = (f"whole model {ratio:.3f}x{timed_as}, output cosine {acc.cosine:.6f} "
-                   f"(floor {p.min_output_cosine}), PSNR {acc.psnr_db:.1f} dB")
+            speed = "" if math.isnan(ratio) else f"whole model {ratio:.3f}x{timed_as}, "
+            why = f"{speed}output cosine {acc.cosine:.6f} (floor {p.min_output_cosine}), PSNR {acc.psnr_db:.1f} dB"
             if floors_ok:  # too slow: only the routes the time judged
                 routes = timed_apart
             routes.sort(key=lambda v: v.chosen.ratio if v.chosen else 0.0)

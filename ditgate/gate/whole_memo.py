@@ -24,6 +24,10 @@ from .profiles import Profile
 from .verdict import Verdict, WholeModelCheck
 
 PREFIX = "whole|"  # entries of the timing cache that are whole-model checks (a form's key starts with its name)
+# the rules a remembered check was judged by, in its key: a check of other rules is not replayed. 2: a compiled plan's
+# linear routes judged at their sites, not in the check's timed pass (a check under 1 took them back when eager
+# forwards were slow, and replaying it would take them back again)
+CHECK_RULES = 2
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ def check_key(model: torch.nn.Module, args: tuple, kwargs: dict, profile: Profil
         "profile": {k: v for k, v in profile.to_dict().items() if k not in ("warm_ahead", "compile_ahead")},
         "sparse": sparse,
         "routes": sorted(f"{v.site} @ {v.shape_key} -> {v.form}" for v in routes),
+        "rules": CHECK_RULES,
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:32]
     return PREFIX + digest

@@ -130,7 +130,7 @@ def _delayed_cast_kernel(X, Q, STATE, SCALE, M, K, sxm, sxk, MARGIN: tl.constexp
         tl.store(Q + out + cols[None, :], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=inside)
 
 
-AMAX_BLOCK_M = 16
+AMAX_BLOCK_M, AMAX_BLOCK_K = 16, 256  # a [16, 256] float32 tile: 32 values per thread at 4 warps
 
 
 def quantize_delayed(x: torch.Tensor, state: torch.Tensor, margin: float, block_m: int = BLOCK_M,
@@ -141,15 +141,15 @@ def quantize_delayed(x: torch.Tensor, state: torch.Tensor, margin: float, block_
     Returns (values [M, K] e4m3, scale [1] float32): the numerics of the form's torch ops."""
     if x.dim() != 2:
         raise ValueError(f"quantize_delayed takes [M, K], got {tuple(x.shape)}")
-    if state.shape != (3,) or state.dtype != torch.float32 or state.device != x.device:
-        raise ValueError(f"the state must be 3 float32 elements on {x.device}, got {tuple(state.shape)} {state.dtype} "
-                         f"on {state.device}")
+    if state.shape != (3,) or state.dtype != torch.float32 or state.device != x.device or not state.is_contiguous():
+        raise ValueError(f"the state must be 3 contiguous float32 elements on {x.device}, got {tuple(state.shape)} "
+                         f"{state.dtype} on {state.device}")
     m, k = x.shape
     values = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(1, dtype=torch.float32, device=x.device)
     if m:
         _absmax_into_kernel[(triton.cdiv(m, AMAX_BLOCK_M),)](x, state, m, k, x.stride(0), x.stride(1),
-                                                             BM=AMAX_BLOCK_M, BK=min(block_k, 1024), num_warps=warps)
+                                                             BM=AMAX_BLOCK_M, BK=AMAX_BLOCK_K, num_warps=warps)
     _delayed_cast_kernel[(max(triton.cdiv(m, block_m), 1),)](
         x, values, state, scale, m, k, x.stride(0), x.stride(1), MARGIN=float(margin), LARGEST=_E4M3_MAX,
         GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
