@@ -157,3 +157,43 @@ def test_the_eager_kernels_give_the_torch_ops_bits_and_state():
     assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
     with pytest.raises(ValueError, match="3 contiguous float32 elements"):
         quantize_delayed(x.to(device), torch.zeros(2, device=device), MARGIN)
+
+
+@pytest.mark.slow
+def test_a_receipt_carries_each_sites_history_so_its_compiled_calls_serve_without_an_eager_forward(tmp_path, caplog):
+    import dataclasses
+
+    from ditgate.gate import PROFILES
+
+    torch._dynamo.reset()
+    lenient = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2,
+                                  screen_margin=None)  # CPU timings decide nothing here
+    tiny = Tiny("tiny-wan")
+    ffn = tiny.model.blocks[0].ffn
+    seen = []
+    hook = ffn.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    setting = LinearSetting(forms=(NAME,), roles=("feed-forward",), keep_host="device")
+    plan = ditgate.attach(tiny.model, profile=lenient, forms=["sdpa_math"], timing_cache=False, progress=False,
+                          linear=setting)
+    tiny.forward()  # calibrates
+    tiny.forward()  # routed, eagerly: each site's history
+    hook.remove()
+    x = seen[-1]
+    histories = plan.linear.histories()
+    assert histories and all(v > 0 for v in histories.values())
+    path = plan.save(tmp_path / "receipt.json")
+    with torch.no_grad():
+        eager = ffn(x)
+    plan.detach()
+    with torch.no_grad():
+        host = ffn(x)
+    with caplog.at_level("WARNING", logger="ditgate"):
+        again = ditgate.attach(tiny.model, receipt=path, linear=setting, timing_cache=False, progress=False)
+    assert "starts at their first eager call" not in caplog.text
+    assert again.linear.histories() == histories
+    with torch.no_grad():
+        compiled = torch.compile(ffn, fullgraph=True)(x)  # before any eager call of this plan: the forms serve
+    assert compare(compiled, host).rel_l2 > 1e-4 and compare(compiled, eager).rel_l2 < 0.02
+    assert delayed_clamped_calls(*(r.custody.payload() for r in again.linear.routers)) == 0
+    again.detach()
+    torch._dynamo.reset()

@@ -89,13 +89,34 @@ class LinearPart:
                 router.step_aside()
         self._say_unstarted()
 
-    def settle(self, verdicts: dict[tuple[str, str], Verdict]) -> None:
+    def settle(self, verdicts: dict[tuple[str, str], Verdict], histories: dict[str, float] | None = None) -> None:
+        """Each site's weights per its verdicts; ``histories`` (a receipt's, site -> the largest input absmax seen)
+        start the per-site state of forms that keep one, so that a compiled graph serves those sites without an eager
+        forward first."""
         settle_sites(self.routers, verdicts)
+        for form in {r.custody.payload_form for r in self.routers} - {None}:
+            self.context.forms[form].availability()  # probed here, not in a compiled call (its timer breaks a graph)
+        for r in self.routers:
+            weights = r.custody.payload()
+            if histories and r.name in histories and weights is not None and weights.state is not None:
+                with torch.no_grad():
+                    weights.state[0].fill_(float(histories[r.name]))
+                r.eager_served.add(r.custody.payload_form)
         self._say_unstarted()
+
+    def histories(self) -> dict[str, float]:
+        """Site -> the largest input absmax its settled form has seen, for the sites whose form keeps such a history
+        and whose history started (what a receipt carries; reads the device)."""
+        found = {}
+        for r in self.routers:
+            weights = r.custody.payload()
+            if weights is not None and weights.state is not None and r.custody.payload_form in r.eager_served:
+                found[r.name] = float(weights.state[0].item())
+        return found
 
     def _say_unstarted(self) -> None:
         """Once, where sites settled on a form whose calls need an eager call first (``needs_eager_call``) and none
-        ran there yet (a plan from a receipt, or one that does not measure): compiled calls at those sites run the
+        ran there yet (a plan that does not measure, or a receipt without their histories): compiled calls there run the
         host, and nothing inside a graph counts them."""
         waiting: dict[str, int] = {}
         for r in self.routers:

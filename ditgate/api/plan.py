@@ -373,7 +373,8 @@ class Plan:
             raise RuntimeError("a plan made with measure=False has no verdicts; use plan.report().save(path)")
         return Receipt(environment=environment(self.device), models=_models_info(self.denoisers),
                        profile=self.profile, verdicts=tuple(self.chooser.verdicts.values()),
-                       whole_model=tuple(self._whole), created=now(), parallel=parallel_records(self.denoisers))
+                       whole_model=tuple(self._whole), created=now(), parallel=parallel_records(self.denoisers),
+                       linear_histories=self.linear.histories() if self.linear is not None else {})
 
     def save(self, path: str | Path) -> Path:
         """Write the receipt (environment, profile, every verdict, content hash) to ``path``."""
@@ -537,7 +538,7 @@ def attach(
         plan._whole = list(loaded.whole_model)
         plan._calibrated = {name for name, _ in denoisers}
         if plan.linear is not None:
-            plan.linear.settle(chooser.verdicts)
+            plan.linear.settle(chooser.verdicts, loaded.linear_histories)
     elif calibrate is not None:
         plan.calibrate(calibrate)
     else:

@@ -26,9 +26,9 @@ scale is that absmax times ``MARGIN`` over e4m3's largest value:
   earlier input of its site is clamped at e4m3's largest value, and the call is counted
   (``delayed_clamped_calls``, in the report). Its absmax still enters the history, so the next call's scale covers it.
 
-A site's history starts at its first eager call (the gate's calibrating calls are eager); a compiled call at a site
-where no eager call ran yet goes to the host (``LinearRouter``; a plan re-applied from a receipt or made without
-measuring says so once at attach). Opt-in (``linear=[...]``), like every tensor-wise form.
+A site's history starts at its first eager call (the gate's calibrating calls are eager), or at the history a receipt
+carried (``Receipt.linear_histories``); a compiled call at a site where neither happened goes to the host
+(``LinearRouter``; a plan made without measuring says so once at attach). Opt-in (``linear=[...]``), like every tensor-wise form.
 """
 
 from __future__ import annotations

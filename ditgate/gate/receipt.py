@@ -43,6 +43,9 @@ class Receipt:
     created: str
     # denoiser name -> its context parallelism (``hosts.parallel.ContextParallel.record``), for those that have one
     parallel: dict = field(default_factory=dict)
+    # linear site -> the largest input absmax its form saw (``forms.linear_delayed``'s history): a plan re-applied
+    # from the receipt starts there, so its compiled calls need no eager forward first
+    linear_histories: dict = field(default_factory=dict)
 
     def payload(self) -> dict:
         return {
@@ -54,6 +57,7 @@ class Receipt:
             "verdicts": [v.to_dict() for v in self.verdicts],
             "whole_model": [w.__dict__ for w in self.whole_model],
             "parallel": self.parallel,
+            "linear_histories": self.linear_histories,
         }
 
     def to_json(self) -> str:
@@ -127,4 +131,5 @@ def load_receipt(path: str | Path) -> Receipt:
         whole_model=tuple(WholeModelCheck(**{**w, "reverted": tuple(w["reverted"])}) for w in payload["whole_model"]),
         created=payload["created"],
         parallel=payload.get("parallel", {}),
+        linear_histories=payload.get("linear_histories", {}),
     )
