@@ -260,3 +260,30 @@ def test_chosen_routes_count_verdicts_and_a_static_plans_routes():
     chosen = chosen_routes(measured)
     assert sum(chosen.values()) == sites and set(chosen) <= {"sdpa_math", "host"}
     measured.detach()
+
+
+def test_a_rows_detail_says_what_the_whole_model_check_took_back():
+    import dataclasses
+
+    import ditgate
+    from ditgate.cli.bench_model import check_text
+    from ditgate.gate import PROFILES
+    from ditgate.models.presets import get_preset
+
+    preset = get_preset("tiny-wan")
+    model = preset.build()
+    kept = ditgate.attach(model, profile=dataclasses.replace(PROFILES["quality"], min_speedup=1e-6,
+                                                             min_whole_ratio=1e-6, screen_margin=None),
+                          forms=["sdpa_math"], timing_cache=False, progress=False)
+    with torch.no_grad():
+        model(**preset.inputs(model))
+    assert kept.report().whole_model and check_text(kept) == ""  # passed, nothing taken back
+    kept.detach()
+    never = ditgate.attach(model, profile=dataclasses.replace(PROFILES["quality"], min_speedup=1e-6,
+                                                              min_whole_ratio=1e6, screen_margin=None),
+                           forms=["sdpa_math"], timing_cache=False, progress=False)
+    with torch.no_grad():
+        model(**preset.inputs(model))
+    (check,) = never.report().whole_model
+    assert check.reverted and f"the whole-model check took back {len(check.reverted)} route(s)" in check_text(never)
+    never.detach()

@@ -34,8 +34,8 @@ from ..gate import compare
 from ..hosts import model_output
 from ..hosts.regional import repeated_block_counts
 from ..models.presets import ModelPreset
-from .bench_model import (DitgateRow, busy_kernels, busy_text, chosen_routes, device_weight_bytes, failed, interleaved,
-                          profile_pass, record, served_text, _sync, _timed_forward, weights_text)
+from .bench_model import (DitgateRow, busy_kernels, busy_text, check_text, chosen_routes, device_weight_bytes, failed,
+                          interleaved, profile_pass, record, served_text, _sync, _timed_forward, weights_text)
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune", "regional")
@@ -72,7 +72,8 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
             with torch.no_grad():
                 copy_(**calib_inputs)  # calibrates (a measured row), eagerly
             _sync(device)
-            cfg.detail = f"calibration {time.perf_counter() - t0:.1f} s; plan kept attached ({plan.mode})"
+            cfg.detail = (f"calibration {time.perf_counter() - t0:.1f} s; plan kept attached ({plan.mode})"
+                          + check_text(plan))
             cfg.served = chosen_routes(plan)
             explains[name] = plan.explain()
         cfg.weight_bytes = device_weight_bytes(copy_, device, plan if row is not None else None)

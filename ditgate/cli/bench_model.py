@@ -53,6 +53,7 @@ class _Config:
     served: Counter | None = None  # a ditgate row's sites per the route that served them most
     busy: GpuBusy | str | None = None  # the GPU's share of one pass, or why it was not measured
     weight_bytes: int | None = None  # the denoiser's weights on the device while the row runs
+    check: str = ""  # what the whole-model check took back at calibration (``check_text``)
 
 
 def _sync(device: torch.device) -> None:
@@ -219,6 +220,7 @@ def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.de
         if receipt is not None:
             receipts[row.key] = receipt
         explains[row.key] = plan.explain()
+        cfg.check = check_text(plan)
         plan.detach()
     except Exception as exc:
         cfg.status, cfg.reason = "raised", f"{type(exc).__name__}: {exc}"[:300]
@@ -309,6 +311,13 @@ def _calibration_text(cfg: _Config, native: _Config | None) -> str:
     return f"; calibration {cfg.cold_ms / 1e3:.1f} s = {cfg.cold_ms / statistics.median(native.samples):.1f} forwards"
 
 
+def check_text(plan: Plan) -> str:
+    """"; the whole-model check took back 136 route(s) (whole model 0.695x, ...)": what the row lost to the check, so
+    that a row which runs (nearly) stock says why in its own line."""
+    taken = [w for w in plan.report().whole_model if w.reverted]
+    return "".join(f"; the whole-model check took back {len(w.reverted)} route(s) ({w.note[:160]})" for w in taken)
+
+
 def served_text(served: Counter | None) -> str:
     """"; sites: fp8_sparse 8, fa4 8": how many sites each route served most, in the last timed pass."""
     if not served:
@@ -364,7 +373,7 @@ def bench_model(preset: ModelPreset, model: torch.nn.Module, device: torch.devic
                              cfg.cold_ms, None, statistics.median(native.samples) / med if native else None,
                              acc.cosine if acc else None, acc.psnr_db if acc else None,
                              max(cfg.peaks) if cfg.peaks[0] is not None else None,
-                             detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native)
+                             detail=f"{len(cfg.samples)} rounds" + _calibration_text(cfg, native) + cfg.check
                              + weights_text(cfg.weight_bytes, native.weight_bytes if native else None)
                              + served_text(cfg.served) + busy_text(cfg.busy), weight_bytes=cfg.weight_bytes,
                              kernels=busy_kernels(cfg.busy)))
