@@ -96,9 +96,9 @@ class LinearPart:
         settle_sites(self.routers, verdicts)
         for form in {r.custody.payload_form for r in self.routers} - {None}:
             self.context.forms[form].availability()  # probed here, not in a compiled call (its timer breaks a graph)
-        for r in self.routers:
+        for r in self.routers if histories else ():
             weights = r.custody.payload()
-            if histories and r.name in histories and weights is not None and weights.state is not None:
+            if r.name in histories and weights is not None and weights.state is not None:
                 with torch.no_grad():
                     weights.state[0].fill_(float(histories[r.name]))
                 r.eager_served.add(r.custody.payload_form)

@@ -28,7 +28,8 @@ scale is that absmax times ``MARGIN`` over e4m3's largest value:
 
 A site's history starts at its first eager call (the gate's calibrating calls are eager), or at the history a receipt
 carried (``Receipt.linear_histories``); a compiled call at a site where neither happened goes to the host
-(``LinearRouter``; a plan made without measuring says so once at attach). Opt-in (``linear=[...]``), like every tensor-wise form.
+(``LinearRouter``; a plan made without measuring says so once at attach). Opt-in (``linear=[...]``), like every
+tensor-wise form.
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ MARGIN = 2.0
 
 def new_state(device: torch.device) -> torch.Tensor:
     """A site's delayed-scaling state: [largest input absmax seen, calls clamped, the eager call's inf-or-NaN flag],
-    all 0. Made outside inference mode
-    even when asked inside it (a plan calibrated under ``torch.inference_mode()``): every later call, inside it or
-    not, updates it in place."""
+    all 0. Made outside inference mode even when asked inside it (a plan calibrated under ``torch.inference_mode()``):
+    every later call, inside it or not, updates it in place."""
     with torch.inference_mode(False):
         return torch.zeros(3, dtype=torch.float32, device=device)
 

@@ -71,9 +71,6 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
     def mine():
         return [v for v in chooser.routed() if not prefix or v.site.startswith(prefix)]
 
-    def timed_routes():  # the routes a timed pass serves: not those whose speed is judged at their sites
-        return [v for v in mine() if (v.site, v.shape_key) not in chooser.per_site_speed]
-
     def run(mode: str) -> torch.Tensor:
         nonlocal forwards
         forwards += 1
@@ -103,7 +100,8 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
         host_out, host_ms = timed(HOST_PASS)
         while True:
             attempts += 1
-            routes, timed_apart = mine(), timed_routes()
+            routes = mine()  # the timed pass serves those whose speed is not judged at their sites
+            timed_apart = [v for v in routes if (v.site, v.shape_key) not in chooser.per_site_speed]
             apart = len(timed_apart) < len(routes)  # some routes' speed is judged at their sites
             if apart:  # every route for the output, then (if it passes) the time without those routes
                 routed_out, routed_ms = run(ROUTED_PASS), math.nan

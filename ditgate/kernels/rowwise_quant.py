@@ -76,7 +76,7 @@ def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: i
     scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return values, scales
-    largest = float(torch.finfo(torch.float8_e4m3fn).max) if fp8 else 127.0
+    largest = _E4M3_MAX if fp8 else 127.0
     _rowwise_kernel[(triton.cdiv(m, block_m),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest,
                                                 FP8=fp8, GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
                                                 num_warps=warps)
@@ -122,6 +122,7 @@ def _delayed_cast_kernel(X, Q, STATE, SCALE, M, K, sxm, sxk, MARGIN: tl.constexp
         cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
         x = tl.load(X + base + cols[None, :].to(tl.int64) * sxk, mask=inside, other=0.0).to(tl.float32)
+        # IEEE division (Triton's "/" is an approximate one on a GPU) and clamps that keep a NaN, as torch's do
         y = tl.math.div_rn(x, scale)
         y = tl.minimum(tl.maximum(y, -LARGEST, propagate_nan=tl.PropagateNan.ALL), LARGEST,
                        propagate_nan=tl.PropagateNan.ALL)
