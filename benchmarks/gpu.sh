@@ -31,6 +31,7 @@
 #             products) against bf16 F.linear at Wan's and Flux's shapes
 #   linear_eager  benchmarks/experiments/linear_eager_profile.py: an eager forward of $LINEAR_EAGER_PRESET with static
 #             plans serving every per-token linear with one of $LINEAR_EAGER_FORMS, against stock, and its profile
+#             (LINEAR_EAGER_ARGS=--compile: both compiled)
 #   parts     benchmarks/attention_parts.py: the 8-bit attention forms' parts (quantization, kernel, whole form;
 #             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES
 #   memo      ditgate bench calibration of $MEMO_PRESET ($MEMO_ARGS) with a second process, Triton's key remembered and not
@@ -211,7 +212,7 @@ stage_linear_eager() {  # what an eager forward with linear forms spends its tim
     # shellcheck disable=SC2086
     timeout ${LINEAR_EAGER_S:-240} python3 benchmarks/experiments/linear_eager_profile.py \
         --preset ${LINEAR_EAGER_PRESET:-flux-dev-1024} --layers ${LINEAR_EAGER_LAYERS:-8} \
-        ${LINEAR_EAGER_FORMS:-fp8_linear fp8_delayed_linear} > "$dir/linear-eager.log" 2>&1
+        ${LINEAR_EAGER_FORMS:-fp8_linear fp8_delayed_linear} ${LINEAR_EAGER_ARGS:-} > "$dir/linear-eager.log" 2>&1
     grep "^==\|rror" "$dir/linear-eager.log" | tail -20  # the profiles are in the log
 }
 

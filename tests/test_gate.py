@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -119,6 +120,38 @@ def test_whole_model_check_reverts_routes_that_break_the_output_floor():
     assert "output cosine" in check.note
     assert all(v.form is None and v.source == "reverted" for v in plan.chooser.verdicts.values())
     assert torch.equal(tiny.forward(), host)  # every route taken back: the host serves all
+
+
+class OneNoisySite(FakeForm):
+    """Exact everywhere but at ``noisy`` (perturbed there), and slowed at cross-attention calls, so that the
+    smallest measured gains are the exact cross-attention routes."""
+
+    def __init__(self, noisy: str) -> None:
+        super().__init__("one-noisy")
+        self.noisy = noisy
+
+    def run(self, inputs):
+        out = super().run(inputs)
+        if inputs.site == self.noisy:
+            gen = torch.Generator().manual_seed(self.calls)
+            return out + 1e-3 * out.std() * torch.randn(out.shape, generator=gen)
+        if inputs.key.shape[-2] != inputs.query.shape[-2]:
+            time.sleep(0.002)
+        return out
+
+
+def test_a_floor_failure_takes_back_the_least_accurate_routes_first():
+    tiny = Tiny("tiny-wan")
+    form = OneNoisySite("blocks.1.attn1")
+    # only a bit-exact output passes (infinite PSNR; the noisy site alone gives about 99 dB)
+    strict = dataclasses.replace(LENIENT, min_call_cosine=0.99, min_output_cosine=0.99, min_output_psnr=150.0)
+    plan = ditgate.attach(tiny.model, profile=strict, forms=[form.name], extra_forms=[form])
+    tiny.forward()
+    (check,) = plan.report().whole_model
+    # by the smallest ratio, both exact cross-attention routes and then blocks.0.attn1 would go before the noisy one
+    assert check.passed and check.attempts == 2, check.note
+    assert len(check.reverted) == 2 and check.reverted[0].startswith("blocks.1.attn1 @ ")
+    assert sum(v.form == form.name for v in plan.chooser.verdicts.values()) == 2
 
 
 def test_verdicts_hold_per_shape_key():

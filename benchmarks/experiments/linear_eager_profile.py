@@ -1,8 +1,9 @@
-"""Where an eager forward with linear forms spends its time: stock against static plans that serve every per-token
-linear with one form, on a preset cut to its first blocks (GPU).
+"""Where a forward with linear forms spends its time: stock against static plans that serve every per-token linear
+with one form, on a preset cut to its first blocks (GPU); eager, or with ``--compile`` both under torch.compile
+(each plan's sites start their state at one eager forward first).
 
     PYTHONPATH=. python benchmarks/experiments/linear_eager_profile.py --preset flux-dev-1024 --layers 8 \
-        fp8_linear fp8_delayed_linear
+        fp8_linear fp8_delayed_linear [--compile [reduce-overhead]]
 
 Per form: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
 top ops of one routed forward by host time and by device time. The whole-model check of a plan for eager use times
@@ -42,22 +43,40 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--compile", nargs="?", const="default", default=None,
+                        help="time and profile compiled forwards, in this torch.compile mode (default: default)")
     args = parser.parse_args()
     preset = get_preset(args.preset).with_layers(args.layers)
     model = preset.build(DEVICE, torch.bfloat16)
     inputs = preset.inputs(model, DEVICE, torch.bfloat16)
 
+    runner = {"model": model}
+
     def forward():
         with torch.no_grad():
-            out = model(**inputs)
+            out = runner["model"](**inputs)
             return out[0] if isinstance(out, tuple) else getattr(out, "sample", out)
 
+    def compiled():
+        if args.compile:
+            torch._dynamo.reset()
+            runner["model"] = torch.compile(model, mode=args.compile)
+
+    compiled()
     for _ in range(3):
         forward()
     stock = statistics.median(timed(forward) for _ in range(args.rounds))  # before any plan: nothing to suspend
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        forward()
+        torch.cuda.synchronize() if DEVICE == "cuda" else None
+    events = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    print(f"== stock: {stock:.2f} ms, {events} device events in one forward")
     for form in args.forms:
+        runner["model"] = model
         plan = ditgate.attach(model, profile="speed", forms=["sdpa_cudnn"], measure=False, timing_cache=False,
                               progress=False, linear=LinearSetting(forms=(form,)))
+        forward()  # eager: starts the state of forms that keep one
+        compiled()
         for _ in range(3):
             forward()
         routed = statistics.median(timed(forward) for _ in range(args.rounds))
@@ -69,6 +88,9 @@ def main() -> None:
         table = prof.key_averages()
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
+        kernels = sum(e.count for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"== {form}: {kernels} device events in one routed forward")
+        runner["model"] = model
         plan.detach()
 
 

@@ -5,9 +5,10 @@ neighbours), and per-call accuracy does not bound the error of the whole. So the
 on the inputs of its calibration forward: one host pass and one routed pass, each timed, the routed
 output compared with the host's. That is two forwards when the check passes. One pair of timings is
 noisy, so a whole that looks slower is timed again in paired, interleaved rounds before anything is
-taken back. If the whole is slower than the host or its output breaks the profile's floor, the routes
-with the smallest measured gain are taken back (half of the remaining routes per attempt, all of them
-on the last), each attempt one more routed pass, until it passes.
+taken back. If the whole is slower than the host, the routes with the smallest measured gain are taken
+back; if its output breaks the profile's floor, the routes whose forms were least accurate at their own
+sites (relative L2 error) go first, so that the fast accurate ones stay. Half of the remaining routes per
+attempt, all of them on the last, each attempt one more routed pass, until it passes.
 
 A plan for a compiled model judges its linear routes' speed at their sites (``GateChooser.per_site_speed``): their
 verdicts time the 8-bit product alone, since inductor fuses each input's quantization into the kernel that makes it,
@@ -55,6 +56,12 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
     logger.info("ditgate gate: whole-model check %s: %.3fx, cosine %.6f, %s (%d forwards, %.1f s)", name or "model",
                 check.ratio, check.cosine, check.note, check.forwards, check.seconds)
     return check
+
+
+def _error_at_site(verdict) -> float:
+    """The relative L2 error its site measured for a route's form (inf where none was measured: taken back first)."""
+    err = verdict.chosen.rel_l2 if verdict.chosen is not None else math.nan
+    return math.inf if math.isnan(err) else err
 
 
 def _floors_ok(p, acc) -> bool:
@@ -136,9 +143,10 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
             timed_as = " (timed without the routes judged at their sites)" if apart else ""
             speed = "" if math.isnan(ratio) else f"whole model {ratio:.3f}x{timed_as}, "
             why = f"{speed}output cosine {acc.cosine:.6f} (floor {p.min_output_cosine}), PSNR {acc.psnr_db:.1f} dB"
-            if floors_ok:  # too slow: only the routes the time judged
-                routes = timed_apart
-            routes.sort(key=lambda v: v.chosen.ratio if v.chosen else 0.0)
+            if floors_ok:  # too slow: only the routes the time judged, the smallest measured gains first
+                routes = sorted(timed_apart, key=lambda v: v.chosen.ratio if v.chosen else 0.0)
+            else:  # the output missed its floors: the routes least accurate at their own sites first
+                routes = sorted(routes, key=_error_at_site, reverse=True)
             take = routes if attempts >= MAX_ATTEMPTS else routes[: max(1, len(routes) // 2)]
             for v in take:
                 chooser.revert(v, f"reverted by the whole-model check: {why}")

@@ -200,10 +200,22 @@ class LinearRouter:
         reasons = self.usable(form, call)
         if reasons:
             return reasons[0]
-        if _compiling() and self.context.forms[form].needs_eager_call and form not in self.eager_served:
-            return ("its input scale starts at an eager call of this site and none has run (run one forward before "
-                    "compiling)")
+        if _compiling() and self.context.forms[form].needs_eager_call:
+            if form not in self.eager_served:
+                return ("its input scale starts at an eager call of this site and none has run (run one forward "
+                        "before compiling)")
+            if not self.history_started(form):
+                return ("its input scale starts at an eager call's input absmax, and every input this site had was "
+                        "zero (this graph keeps the host here until it is traced again)")
         return self.mismatch(x)
+
+    @torch._dynamo.assume_constant_result
+    def history_started(self, form: str) -> bool:
+        """Whether the form's state at this site holds a nonzero input absmax: a compiled call casts at the scale the
+        history gives, so a history of zeros would clamp every element of a real input. Runs eagerly at trace time
+        (dynamo keeps the answer as a constant of the graph, with no guard) and reads the device there."""
+        weights = self.weights_for(form)
+        return weights.state is None or bool(weights.state[0].item() > 0)
 
     def mismatch(self, x: torch.Tensor) -> str:
         """Why no form may serve this input at this site, whatever its envelope (empty when one may): another dtype
