@@ -181,7 +181,8 @@ class LinearForm(Probed):
     quantizer: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     fp8: bool  # the activation's format: e4m3 (True) or int8
     # whether inductor folds the input's quantization into the kernels that make the input (a scale per row needs
-    # only that row), so that a plan for a compiled model may time the product alone
+    # only that row) and the graph adds nothing else per call, so that a plan for a compiled model may time the
+    # product alone
     quantization_fuses: bool = True
     # its input's quantization kernel may compile before its first call (``gate.compile_ahead``): reads nothing back
     compiles_ahead: bool = True

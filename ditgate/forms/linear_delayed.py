@@ -67,7 +67,10 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
                     f"(absolute, the activation's scale {MARGIN:g}x its largest input seen); a compiled call whose "
                     f"input exceeds {MARGIN:g}x every earlier input of its site is clamped there, and counted",
     )
-    quantization_fuses = True  # a pointwise cast at a known scale: inductor folds it into the input's producer
+    # its cast folds into the input's producer, but each compiled call also updates the site's history: about three
+    # small kernels a site that the product alone does not show, and that a launch-bound graph pays for. So a plan
+    # for a compiled model times this form whole, by its eager path (two launches besides the product)
+    quantization_fuses = False
     compiles_ahead = True  # its eager cast is a Triton launch that reads nothing back
     needs_eager_call = True
 
