@@ -210,7 +210,7 @@ stage_linear_eager() {  # what an eager forward with linear forms spends its tim
     mkdir -p "$dir"
     gpu_line "$dir"
     # shellcheck disable=SC2086
-    timeout ${LINEAR_EAGER_S:-240} python3 benchmarks/experiments/linear_eager_profile.py \
+    timeout ${LINEAR_EAGER_S:-360} python3 benchmarks/experiments/linear_eager_profile.py \
         --preset ${LINEAR_EAGER_PRESET:-flux-dev-1024} --layers ${LINEAR_EAGER_LAYERS:-8} \
         ${LINEAR_EAGER_FORMS:-fp8_linear fp8_delayed_linear} ${LINEAR_EAGER_ARGS:-} > "$dir/linear-eager.log" 2>&1
     grep "^==\|rror" "$dir/linear-eager.log" | tail -20  # the profiles are in the log

@@ -120,12 +120,18 @@ def test_a_compiled_call_at_a_site_no_eager_call_started_goes_to_the_host_and_th
     assert not any("ditgate" in name for name, _ in ffn.named_buffers())
 
 
-def test_a_site_whose_eager_inputs_were_all_zero_keeps_the_host_in_a_compiled_graph():
+def test_a_site_whose_eager_inputs_were_all_zero_keeps_the_host_in_a_compiled_graph(caplog):
     torch._dynamo.reset()
     tiny = Tiny("tiny-wan")
     ffn = tiny.model.blocks[0].ffn
     x = torch.randn(1, 64, 32)
-    with torch.no_grad():
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad(), caplog.at_level("WARNING", logger="ditgate"):
         host = ffn(x)
         plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, progress=False,
                               linear=LinearSetting(forms=(NAME,), roles=("feed-forward",), keep_host="device"))
@@ -134,10 +140,13 @@ def test_a_site_whose_eager_inputs_were_all_zero_keeps_the_host_in_a_compiled_gr
         assert sorted(histories.values())[0] == 0 and sorted(histories.values())[1] > 0
         second = next(r for r in plan.linear.routers if histories.get(r.name, 0) > 0)
         second.module(10 * torch.randn(64, second.module.in_features))  # its history past any input below
-        compiled = torch.compile(ffn, fullgraph=True)(x)
+        compiled = torch.compile(ffn, fullgraph=True, backend=keep_graph)(x)
     # a compiled cast at a zero history's scale would clamp every element of the first site's input (and count it)
     assert all(s.clamped_calls == 0 for s in plan.report().linear.sites)
     assert compare(compiled, host).cosine > 0.999
+    (graph,) = graphs
+    assert graph.code.count("_scaled_mm") == 1  # the second site's product: the form serves it
+    assert "every input this site had was zero" in caplog.text
     plan.detach()
     torch._dynamo.reset()
 

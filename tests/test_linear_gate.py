@@ -199,7 +199,10 @@ def test_tensor_wise_and_delayed_forms_are_timed_whole_even_for_a_compiled_model
     plan = _attach(tiny, linear=LinearSetting(forms=forms, compiled=True))
     tiny.forward()
     variants = {(k.form, k.variant) for k in plan.chooser.book._entries if k.shape_key.startswith("M")}
+    routed = {(v.site, v.shape_key) for v in plan.chooser.routed() if v.shape_key.startswith("M")}
+    judged_apart = set(plan.chooser.per_site_speed)
     plan.detach()
+    assert routed and routed <= judged_apart  # the check's eager forwards run no form as the graph will
     assert ("int8_linear", "compiled: product alone") in variants
     for name in forms[:2]:
         assert (name, "") in variants and (name, "compiled: product alone") not in variants

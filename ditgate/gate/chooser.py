@@ -64,8 +64,8 @@ class GateChooser:
         self.host_s = 0.0  # of those, the host's own calls at the sites measured (its output is what they return)
         self.agreement = None  # a context-parallel model's ranks settle on one verdict (``agree.RankAgreement``)
         # (site, shape key) routes whose speed the whole-model check leaves to their own verdicts: a compiled plan's
-        # linear routes timed by their product alone, because inductor fuses their input's quantization, which eager
-        # forwards run unfused (``gate.linear.LinearSetting.compiled``)
+        # linear routes, which the check's eager forwards do not run as the graph will (a row-wise form's input
+        # quantization fuses into the kernel that makes it there; ``gate.linear.LinearSetting.compiled``)
         self.per_site_speed: set[tuple[str, str]] = set()
 
     @property

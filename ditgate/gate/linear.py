@@ -73,8 +73,9 @@ class LinearSetting:
         quantization cannot fuse or adds kernels of its own to the graph, ``LinearForm.quantization_fuses`` False,
         is timed whole). Eager calls of such a
         plan still quantize on every call, so use it for the model you compile. Accuracy is checked as always, on
-        the whole form. The whole-model check times the model with those routes on the host (their speed is judged
-        at their sites) and checks its output with every route.
+        the whole form. The whole-model check times the model with every linear route on the host (their speed is
+        judged at their sites: its eager forwards run none of them as the graph will) and checks its output with
+        every route.
     """
 
     forms: tuple[str, ...] | None = None
@@ -158,8 +159,8 @@ class LinearGateChooser:
         if self.gate.agreement is not None:  # a context-parallel denoiser's ranks settle on one verdict
             verdict = self.gate.agreement.verdict(site.name, verdict)
         won = self.forms.get(verdict.form) if verdict.form is not None else None
-        if self.setting.compiled and won is not None and won.quantization_fuses:
-            self.gate.per_site_speed.add((verdict.site, verdict.shape_key))  # its verdict timed the product alone
+        if self.setting.compiled and won is not None:  # the check's eager forwards do not run it as the graph will
+            self.gate.per_site_speed.add((verdict.site, verdict.shape_key))
         self.gate.record(verdict)
         # only the forms this site's verdicts chose keep their 8-bit weights until it settles: a model's every form
         # at every site at once would hold as much again as its 16-bit weights

@@ -10,9 +10,9 @@ back; if its output breaks the profile's floor, the routes whose forms were leas
 sites (relative L2 error) go first, so that the fast accurate ones stay. Half of the remaining routes per
 attempt, all of them on the last, each attempt one more routed pass, until it passes.
 
-A plan for a compiled model judges its linear routes' speed at their sites (``GateChooser.per_site_speed``): their
-verdicts time the 8-bit product alone, since inductor fuses each input's quantization into the kernel that makes it,
-where an eager forward runs it unfused, launch by launch (on an image model's short linears the host's launches then
+A plan for a compiled model judges its linear routes' speed at their sites (``GateChooser.per_site_speed``): an eager
+forward runs none of them as the graph will. A row-wise form's verdict times the 8-bit product alone, since inductor
+fuses each input's quantization into the kernel that makes it, where an eager forward runs it unfused, launch by launch (on an image model's short linears the host's launches then
 outweigh the product: an H100 timed such a forward of compiled Flux's plan at 0.51x). Its check runs one routed pass
 with every route for the output floors, and times a pass where those sites take the host, so that the time judges
 the other routes; a slow whole then takes back only those. That is three forwards when the check passes, two where
@@ -58,10 +58,13 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
     return check
 
 
-def _error_at_site(verdict) -> float:
-    """The relative L2 error its site measured for a route's form (inf where none was measured: taken back first)."""
-    err = verdict.chosen.rel_l2 if verdict.chosen is not None else math.nan
-    return math.inf if math.isnan(err) else err
+def _least_accurate_first(verdict) -> tuple[float, float]:
+    """A route's place when the output misses its floors: the larger the relative L2 error its site measured for its
+    form, the sooner (inf where this site measured none: no measurement, or another site's verdict shared after the
+    budget was spent); among equals the smaller measured gain first."""
+    chosen = verdict.chosen
+    err = chosen.rel_l2 if chosen is not None and verdict.source != "shared" else math.nan
+    return (-(math.inf if math.isnan(err) else err), chosen.ratio if chosen is not None else 0.0)
 
 
 def _floors_ok(p, acc) -> bool:
@@ -146,7 +149,7 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
             if floors_ok:  # too slow: only the routes the time judged, the smallest measured gains first
                 routes = sorted(timed_apart, key=lambda v: v.chosen.ratio if v.chosen else 0.0)
             else:  # the output missed its floors: the routes least accurate at their own sites first
-                routes = sorted(routes, key=_error_at_site, reverse=True)
+                routes = sorted(routes, key=_least_accurate_first)
             take = routes if attempts >= MAX_ATTEMPTS else routes[: max(1, len(routes) // 2)]
             for v in take:
                 chooser.revert(v, f"reverted by the whole-model check: {why}")

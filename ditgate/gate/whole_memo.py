@@ -26,8 +26,9 @@ from .verdict import Verdict, WholeModelCheck
 PREFIX = "whole|"  # entries of the timing cache that are whole-model checks (a form's key starts with its name)
 # the rules a remembered check was judged by, in its key: a check of other rules is not replayed. 2: a compiled plan's
 # linear routes judged at their sites, not in the check's timed pass (a check under 1 took them back when eager
-# forwards were slow, and replaying it would take them back again); 3: the delayed FP8 form's routes timed in the
-# check's pass again (a check under 2 left them out of its time)
+# forwards were slow, and replaying it would take them back again); 3: every linear route of a compiled plan judged
+# at its site, and an output below the floors taking back the routes least accurate at their sites first (a check
+# under 2 took them back smallest gain first)
 CHECK_RULES = 3
 
 

@@ -213,9 +213,17 @@ class LinearRouter:
     def history_started(self, form: str) -> bool:
         """Whether the form's state at this site holds a nonzero input absmax: a compiled call casts at the scale the
         history gives, so a history of zeros would clamp every element of a real input. Runs eagerly at trace time
-        (dynamo keeps the answer as a constant of the graph, with no guard) and reads the device there."""
-        weights = self.weights_for(form)
-        return weights.state is None or bool(weights.state[0].item() > 0)
+        (dynamo keeps the answer as a constant of the graph, with no guard) and reads the device there; reads only
+        weights that exist (a form with none here has no history). Nothing inside a graph counts the host's calls,
+        so a site kept on the host this way is logged, once per trace."""
+        weights = self.custody.payload() if self.custody.payload_form == form else self.candidates.get(form)
+        if weights is not None and weights.state is None:
+            return True
+        if weights is not None and bool(weights.state[0].item() > 0):
+            return True
+        logger.warning("ditgate: %s at %s: every input this site had was zero, so its input scale has not started; "
+                       "this compiled graph keeps the host here until it is traced again", form, self.name)
+        return False
 
     def mismatch(self, x: torch.Tensor) -> str:
         """Why no form may serve this input at this site, whatever its envelope (empty when one may): another dtype
