@@ -152,9 +152,10 @@ def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch
     """A call's [M, K] input, row-wise: in one Triton launch on a GPU (``kernels.rowwise_quant``: the eager ops
     above move about ten times the bytes), the same numerics through torch ops elsewhere and inside a compiled
     graph (where inductor fuses them into one kernel of its own)."""
-    quantize_rows = rowwise_kernel("quantize_rows")
-    if x.device.type == "cuda" and not torch.compiler.is_compiling() and quantize_rows is not None:
-        return quantize_rows(x, fp8)
+    if x.device.type == "cuda" and not torch.compiler.is_compiling():  # a trace never reaches the cached loader
+        quantize_rows = rowwise_kernel("quantize_rows")
+        if quantize_rows is not None:
+            return quantize_rows(x, fp8)
     return quantize_fp8(x) if fp8 else quantize_int8(x)
 
 
