@@ -62,15 +62,19 @@ def main() -> None:
             torch._dynamo.reset()
             runner["model"] = torch.compile(model, mode=args.compile)
 
+    def profiled():  # one forward under torch.profiler: its op table, and how many device events it launched
+        torch.cuda.synchronize() if DEVICE == "cuda" else None
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            forward()
+            torch.cuda.synchronize() if DEVICE == "cuda" else None
+        table = prof.key_averages()
+        return table, sum(e.count for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
+
     compiled()
     for _ in range(3):
         forward()
     stock = statistics.median(timed(forward) for _ in range(args.rounds))  # before any plan: nothing to suspend
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        forward()
-        torch.cuda.synchronize() if DEVICE == "cuda" else None
-    events = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"== stock: {stock:.2f} ms, {events} device events in one forward")
+    print(f"== stock: {stock:.2f} ms, {profiled()[1]} device events in one forward")
     for form in args.forms:
         runner["model"] = model
         plan = ditgate.attach(model, profile="speed", forms=["sdpa_cudnn"], measure=False, timing_cache=False,
@@ -81,16 +85,10 @@ def main() -> None:
             forward()
         routed = statistics.median(timed(forward) for _ in range(args.rounds))
         print(f"== {form}: routed {routed:.2f} ms, stock {stock:.2f} ms ({stock / routed:.3f}x); one routed forward:")
-        torch.cuda.synchronize() if DEVICE == "cuda" else None
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            forward()
-            torch.cuda.synchronize() if DEVICE == "cuda" else None
-        table = prof.key_averages()
+        table, events = profiled()
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
-        kernels = sum(e.count for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
-        print(f"== {form}: {kernels} device events in one routed forward")
-        runner["model"] = model
+        print(f"== {form}: {events} device events in one routed forward")
         plan.detach()
 
 

@@ -71,8 +71,8 @@ class LinearSetting:
         input quantized beforehand, because inductor fuses the input's row-wise quantization into the kernel that
         produces the input (a norm, a modulation, an activation) and the product is what remains (a form whose
         quantization cannot fuse or adds kernels of its own to the graph, ``LinearForm.quantization_fuses`` False,
-        is timed whole). Eager calls of such a
-        plan still quantize on every call, so use it for the model you compile. Accuracy is checked as always, on
+        is timed whole). Eager calls of such a plan still quantize on every call, so use it for the model you
+        compile. Accuracy is checked as always, on
         the whole form. The whole-model check times the model with every linear route on the host (their speed is
         judged at their sites: its eager forwards run none of them as the graph will) and checks its output with
         every route.

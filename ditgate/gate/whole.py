@@ -12,11 +12,12 @@ attempt, all of them on the last, each attempt one more routed pass, until it pa
 
 A plan for a compiled model judges its linear routes' speed at their sites (``GateChooser.per_site_speed``): an eager
 forward runs none of them as the graph will. A row-wise form's verdict times the 8-bit product alone, since inductor
-fuses each input's quantization into the kernel that makes it, where an eager forward runs it unfused, launch by launch (on an image model's short linears the host's launches then
-outweigh the product: an H100 timed such a forward of compiled Flux's plan at 0.51x). Its check runs one routed pass
-with every route for the output floors, and times a pass where those sites take the host, so that the time judges
-the other routes; a slow whole then takes back only those. That is three forwards when the check passes, two where
-every route is such a linear one (nothing is then timed: the ratio is nan, and the note says so).
+fuses each input's quantization into the kernel that makes it, where an eager forward runs it unfused, launch by launch
+(on an image model's short linears the host's launches then outweigh the product: an H100 timed such a forward of
+compiled Flux's plan at 0.51x). Its check runs one routed pass with every route for the output floors, and times a pass
+where those sites take the host, so that the time judges the other routes; a slow whole then takes back only those.
+That is three forwards when the check passes, two where every route is such a linear one (nothing is then timed: the
+ratio is nan, and the note says so).
 
 A model whose sites all stayed on the host needs no check (no forward). Where a check that passed for the same
 model, inputs and routes is remembered in the timing cache (``whole_memo``), it is replayed: its take-backs are
@@ -58,13 +59,18 @@ def whole_model_check(name: str, prefix: str, forward: Callable[[], torch.Tensor
     return check
 
 
+def _smallest_gain_first(verdict) -> float:
+    """A route's place when the whole is too slow: its measured ratio (0 where none was measured)."""
+    return verdict.chosen.ratio if verdict.chosen is not None else 0.0
+
+
 def _least_accurate_first(verdict) -> tuple[float, float]:
     """A route's place when the output misses its floors: the larger the relative L2 error its site measured for its
     form, the sooner (inf where this site measured none: no measurement, or another site's verdict shared after the
     budget was spent); among equals the smaller measured gain first."""
     chosen = verdict.chosen
     err = chosen.rel_l2 if chosen is not None and verdict.source != "shared" else math.nan
-    return (-(math.inf if math.isnan(err) else err), chosen.ratio if chosen is not None else 0.0)
+    return (-(math.inf if math.isnan(err) else err), _smallest_gain_first(verdict))
 
 
 def _floors_ok(p, acc) -> bool:
@@ -147,7 +153,7 @@ def _check(name, prefix, forward, chooser, device, host_out, remembered) -> Whol
             speed = "" if math.isnan(ratio) else f"whole model {ratio:.3f}x{timed_as}, "
             why = f"{speed}output cosine {acc.cosine:.6f} (floor {p.min_output_cosine}), PSNR {acc.psnr_db:.1f} dB"
             if floors_ok:  # too slow: only the routes the time judged, the smallest measured gains first
-                routes = sorted(timed_apart, key=lambda v: v.chosen.ratio if v.chosen else 0.0)
+                routes = sorted(timed_apart, key=_smallest_gain_first)
             else:  # the output missed its floors: the routes least accurate at their own sites first
                 routes = sorted(routes, key=_least_accurate_first)
             take = routes if attempts >= MAX_ATTEMPTS else routes[: max(1, len(routes) // 2)]

@@ -217,9 +217,7 @@ class LinearRouter:
         weights that exist (a form with none here has no history). Nothing inside a graph counts the host's calls,
         so a site kept on the host this way is logged, once per trace."""
         weights = self.custody.payload() if self.custody.payload_form == form else self.candidates.get(form)
-        if weights is not None and weights.state is None:
-            return True
-        if weights is not None and bool(weights.state[0].item() > 0):
+        if weights is not None and (weights.state is None or bool(weights.state[0].item() > 0)):
             return True
         logger.warning("ditgate: %s at %s: every input this site had was zero, so its input scale has not started; "
                        "this compiled graph keeps the host here until it is traced again", form, self.name)
