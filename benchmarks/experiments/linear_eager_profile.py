@@ -3,15 +3,17 @@ with one form, on a preset cut to its first blocks (GPU); eager, or with ``--com
 (each plan's sites start their state at one eager forward first).
 
     PYTHONPATH=. python benchmarks/experiments/linear_eager_profile.py --preset flux-dev-1024 --layers 8 \
-        fp8_linear fp8_delayed_linear [--compile [reduce-overhead]]
+        fp8_linear fp8_delayed_linear fp8_linear@fa3_fp8 host@fa3_fp8 [--compile [reduce-overhead]]
 
-Per form: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
+A plan is ``LINEAR[@ATTENTION]``: the linear form at every per-token linear (``host``: none) and the attention form at
+every attention site (default ``sdpa_cudnn``, the host's own kernel). Per plan: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
 top ops of one routed forward by host time and by device time. The whole-model check of a plan for eager use times
 forwards like these; until db2dc82 it timed them for a plan made for a compiled model too.
 """
 
 import argparse
 import statistics
+from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -36,9 +38,26 @@ def timed(fn, rounds: int = 1) -> float:
     return start.elapsed_time(end) / rounds
 
 
+def graph_skips() -> str:
+    """How many graphs skipped CUDA graphs so far in this process (reduce-overhead falls back to plain launches
+    silently; inductor counts each under ``cudagraph_skips`` and logs the reason to ``TORCH_LOGS=perf_hints``)."""
+    from torch._dynamo.utils import counters
+    skips = counters["inductor"]["cudagraph_skips"] if "inductor" in counters else 0
+    return f"; {skips} graph(s) skipped CUDA graphs" if skips else ""
+
+
+def plan_routes(plan) -> str:
+    """"sdpa_cudnn 16, linear fp8_linear 128, linear host 42": what served each site most (after a forward)."""
+    report = plan.report()
+    served = Counter(s.serving for s in report.sites)
+    if report.linear is not None:
+        served.update(f"linear {s.serving}" for s in report.linear.sites)
+    return ", ".join(f"{route} {n}" for route, n in served.most_common())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("forms", nargs="+")
+    parser.add_argument("plans", nargs="+", metavar="LINEAR[@ATTENTION]")
     parser.add_argument("--preset", default="flux-dev-1024")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
@@ -74,12 +93,15 @@ def main() -> None:
     for _ in range(3):
         forward()
     stock = statistics.median(timed(forward) for _ in range(args.rounds))  # before any plan: nothing to suspend
-    print(f"== stock: {stock:.2f} ms, {profiled()[1]} device events in one forward")
-    for form in args.forms:
+    print(f"== stock: {stock:.2f} ms, {profiled()[1]} device events in one forward{graph_skips()}")
+    for form in args.plans:
         runner["model"] = model
-        plan = ditgate.attach(model, profile="speed", forms=["sdpa_cudnn"], measure=False, timing_cache=False,
-                              progress=False, linear=LinearSetting(forms=(form,)))
+        linear, _, attention = form.partition("@")
+        plan = ditgate.attach(model, profile="speed", forms=[attention or "sdpa_cudnn"], measure=False,
+                              timing_cache=False, progress=False,
+                              linear=None if linear == "host" else LinearSetting(forms=(linear,)))
         forward()  # eager: starts the state of forms that keep one
+        print(f"== {form}: routes {plan_routes(plan)}")
         compiled()
         for _ in range(3):
             forward()
@@ -88,7 +110,7 @@ def main() -> None:
         table, events = profiled()
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
-        print(f"== {form}: {events} device events in one routed forward")
+        print(f"== {form}: {events} device events in one routed forward{graph_skips()}")
         plan.detach()
 
 

@@ -44,6 +44,7 @@ import torch
 
 from .base import Availability, AttentionCall, AttentionInputs, Form, FormSpec, Precision
 from .carried import CarriedStatistics
+from .fp8_heads_traced import quantize_heads_traced
 from .workspace import WorkspacePool
 
 _PACKAGE = "fa3-fwd"
@@ -167,6 +168,8 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``);
         # DITGATE_FA3_FP8_CARRY=0 keeps every call on the two passes
         self.carry_scales = os.environ.get("DITGATE_FA3_FP8_CARRY") != "0"
+        # how a compiled graph quantizes: "op" (the Triton passes) or "traced" (torch ops the compiler fuses)
+        self.graph_quantization = os.environ.get("DITGATE_FA3_FP8_GRAPH", "op")
 
     def _probe(self) -> Availability:
         avail = super()._probe()
@@ -223,9 +226,17 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         return self._statistics.repaired_heads()
 
     def in_graph(self, inputs: AttentionInputs) -> torch.Tensor:
-        """One custom op (``ops.fa3_fp8``): the quantization launch cannot be traced; its copies come from torch's
-        allocator there, not this plan's pool."""
-        return torch.ops.ditgate.fa3_fp8(inputs.query, inputs.key, inputs.value, inputs.scale, inputs.is_causal)
+        """One custom op (``ops.fa3_fp8``): the two Triton passes, then FA3's kernel; its copies come from torch's
+        allocator there, not this plan's pool. ``graph_quantization = "traced"`` (``DITGATE_FA3_FP8_GRAPH=traced``)
+        quantizes with torch ops instead (``fp8_heads_traced``), for the compiler to fuse into the kernels that
+        make Q, K and V, and calls FA3's kernel alone (``ops.fa3_fp8_quantized``): at Flux 1024 on an H100 that
+        launched more kernels and lost to the op (docs/kernels.md)."""
+        q, k, v = inputs.query, inputs.key, inputs.value
+        if self.graph_quantization != "traced":
+            return torch.ops.ditgate.fa3_fp8(q, k, v, inputs.scale, inputs.is_causal)
+        q8, k8, v8, descale = quantize_heads_traced(q, k, v)
+        out = torch.ops.ditgate.fa3_fp8_quantized(q8, k8, v8, descale, inputs.scale, inputs.is_causal)
+        return out if out.dtype == q.dtype else out.to(q.dtype)
 
     def resident_bytes(self) -> int:
         return self._pool.bytes() if self._pool is not None else 0

@@ -52,14 +52,18 @@ def _lists(kv_index: torch.Tensor | None, kv_count: torch.Tensor | None, block_m
 
 
 def _served(name: str, run: Callable[[], torch.Tensor], q, k, v, scale, causal: bool,
-            lists: KeyBlockLists | None = None) -> torch.Tensor:
+            lists: KeyBlockLists | None = None,
+            operands: Callable[[], tuple[torch.Tensor, ...]] | None = None) -> torch.Tensor:
     """``run()``'s output in the layout the fakes declare; where it raises (inside a compiled graph, whose host
-    code is not there to take the call), the same function by torch SDPA, with a warning."""
+    code is not there to take the call), the same function by torch SDPA, with a warning (over ``operands()``
+    instead of ``q``, ``k``, ``v`` where given: an op handed quantized copies dequantizes them only then)."""
     try:
         out = run()
     except Exception as exc:
         warnings.warn(f"ditgate: {name} raised inside a compiled graph ({type(exc).__name__}: {exc}); torch SDPA "
                       "served the call", RuntimeWarning, stacklevel=3)
+        if operands is not None:
+            q, k, v = operands()
         mask = None if lists is None else lists.token_mask(q.shape[2], k.shape[2])
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
                                              enable_gqa=q.shape[1] != k.shape[1])
@@ -194,6 +198,34 @@ def fa3_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | No
 @fa3_fp8.register_fake
 def _(q, k, v, scale, causal):
     return bshd_storage(q, v.shape[3])
+
+
+@torch.library.custom_op("ditgate::fa3_fp8_quantized", mutates_args=())
+def fa3_fp8_quantized(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descale: torch.Tensor,
+                      scale: float | None, causal: bool) -> torch.Tensor:
+    """FlashAttention-3's FP8 kernel alone, over e4m3 B, H, S, D copies made in the graph
+    (``fp8_heads_traced.quantize_heads_traced``) with their descales [3, B, Hkv]; the output in bf16, B, H, S, D.
+    Where it raises, SDPA serves the dequantized copies."""
+    def run():
+        import fa3_fwd_interface  # noqa: F401  (registers torch.ops.fa3_fwd)
+
+        q, k, v = (t.transpose(1, 2) for t in (q8, k8, v8))
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        return torch.ops.fa3_fwd.fwd(q, k, v, q_descale=descale[0], k_descale=descale[1], v_descale=descale[2],
+                                     softmax_scale=scale, is_causal=causal, num_splits=1)[0].transpose(1, 2)
+
+    def dequantized():
+        group = q8.shape[1] // k8.shape[1]
+        return tuple(t.to(torch.bfloat16) * d[:, :, None, None].to(torch.bfloat16)
+                     for t, d in ((q8, descale[0].repeat_interleave(group, dim=1)), (k8, descale[1]), (v8, descale[2])))
+
+    return _served("FlashAttention-3 FP8", run, q8, k8, v8, scale, causal, operands=dequantized)
+
+
+@fa3_fp8_quantized.register_fake
+def _(q8, k8, v8, descale, scale, causal):
+    B, H, S, _ = q8.shape
+    return torch.empty((B, S, H, v8.shape[3]), dtype=torch.bfloat16, device=q8.device).transpose(1, 2)
 
 
 # --- sageattention ------------------------------------------------------------------------------------------------
