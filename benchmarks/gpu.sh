@@ -36,6 +36,8 @@
 #             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES
 #   memo      ditgate bench calibration of $MEMO_PRESET ($MEMO_ARGS) with a second process, Triton's key remembered and not
 #             (DITGATE_TRITON_KEY_MEMO=1 / 0, or only those in $MEMO_MODES), each in fresh caches
+#   accuracy  benchmarks/experiments/accuracy_check_cost.py: the gate's accuracy check per site, its one-read kernel
+#             against its torch path, at Wan's and Flux's output sizes
 #   lists     the Hopper kernel alone over FP8 block lists at densities 0.125-1 against dense, at LTX and Wan-14B
 #             (benchmarks/experiments/fixed_costs.py): the bound of 1.15 x density x dense
 # Each stage writes under $OUT/<stage>/ (JSON, PNG, logs) and the script ends with a short table of every result
@@ -233,6 +235,14 @@ stage_memo() {  # a second process's calibration with Triton's key remembered an
             timeout ${EACH} python3 -m ditgate.cli.main bench calibration --preset $MEMO_PRESET $MEMO_ARGS \
             --second-process --out "$dir/memo-$m" 2>&1 | quiet | tee "$dir/memo-$m.log" | tail -8
     done
+}
+
+stage_accuracy() {  # what the gate's accuracy check costs per site (kernels.accuracy_sums against torch ops)
+    local dir=$OUT/accuracy
+    mkdir -p "$dir"
+    gpu_line "$dir"
+    timeout ${ACCURACY_S:-120} python3 benchmarks/experiments/accuracy_check_cost.py 2>&1 | quiet \
+        | tee "$dir/accuracy-check.log" | tail -8
 }
 
 stage_lists() {

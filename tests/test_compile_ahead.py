@@ -225,3 +225,24 @@ def test_recording_leaves_a_patch_made_meanwhile_and_never_takes_itself_for_the_
     with launch_records.recorded_launches():
         assert launch_records._original is theirs
     assert JITFunction.run is theirs
+
+
+def test_the_accuracy_checks_kernel_compiles_in_the_same_step_only_beside_forms_that_do(on_cpu, monkeypatch):
+    import importlib
+
+    contest = importlib.import_module("ditgate.gate.contest")  # the package exports a function of that name
+    steps = []
+    real = contest.compile_ahead
+
+    def spy(calls, device, workers=None):
+        steps.append([c.name for c in calls])
+        return real(calls, device, workers)
+
+    monkeypatch.setattr(contest, "compile_ahead", spy)
+    _attach([Dry("first"), Dry("second")])
+    compiling = [names for names in steps if names]
+    assert compiling and all(names[-1] == contest.ACCURACY_CHECK and set(names[:-1]) == {"first", "second"}
+                             for names in compiling)
+    steps.clear()
+    _attach([Dry("first", ahead=False), Dry("second", ahead=False)])
+    assert steps and not any(steps)  # nothing of its own to hide it in: no step of its own either

@@ -63,6 +63,21 @@ def test_traced_quantization_matches_float64(shape):
     _check_against_reference(q, k, v, quantize_heads_traced(q, k, v))
 
 
+@pytest.mark.parametrize("shape", CASES, ids=IDS)
+def test_q_and_v_copies_are_the_triton_passes_bits_and_k_is_at_least_as_fine(shape):
+    """Against ``kernels.fp8_heads`` (interpreted here): Q's and V's copies and descales bit for bit; K's descale the
+    exact absmax of K less its mean, never above the passes' bound."""
+    from ditgate.kernels.fp8_heads import quantize_heads
+
+    q, k, v = _inputs(*shape, seed=3)
+    q8, k8, v8, descale = quantize_heads_traced(q, k, v)
+    z = quantize_heads(q, k, v)
+    assert torch.equal(descale[0], z.descale[0]) and torch.equal(descale[2], z.descale[2])
+    assert (q8.transpose(1, 2).contiguous().view(torch.uint8) == z.query.view(torch.uint8)).all()
+    assert (v8.transpose(1, 2).contiguous().view(torch.uint8) == z.value.view(torch.uint8)).all()
+    assert (descale[1] <= z.descale[1] * (1 + 1e-6)).all() and (descale[1] < z.descale[1]).any()
+
+
 def test_an_all_zero_head_gets_descale_one_and_zero_copies():
     q, k, v = _inputs(1, 2, 2, 16, 16, 64)
     q, k, v = q.clone(), k.clone(), v.clone()
@@ -97,19 +112,40 @@ def _compiled_graph_path(form, q, k, v, scale):
     return fn(q, k, v)
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU with fa3-fwd the kernel serves; the GPU test covers that")
+def _fa3_serves() -> bool:
+    return create_forms(["fa3_fp8"])["fa3_fp8"].availability().available
+
+
+@pytest.mark.skipif(_fa3_serves(), reason="FA3's kernel serves here; the GPU test covers that")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_the_graph_path_compiles_and_without_fa3_sdpa_serves_the_dequantized_copies(dtype):
+@pytest.mark.parametrize("scale", [0.1, None], ids=["scale", "default-scale"])
+def test_the_graph_path_compiles_and_without_fa3_sdpa_serves_the_dequantized_copies(dtype, scale):
+    """Each query head of a group at its own magnitude and V's heads apart: a copy dequantized with another head's
+    scale, or attending to another kv head, would be far off."""
     form = create_forms(["fa3_fp8"])["fa3_fp8"]
     q, k, v = _inputs(2, 4, 2, 70, 97, 128, dtype, seed=11)
+    heads = torch.tensor([1.0, 2.0, 0.5, 1.5], device=q.device, dtype=dtype)[None, :, None, None]
+    q, v = q * heads, v * heads[:, ::2] * torch.tensor([1.0, -1.0], device=q.device, dtype=dtype)[None, :, None, None]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = _compiled_graph_path(form, q, k, v, 0.1)
+        out = _compiled_graph_path(form, q, k, v, scale)
     assert any("FlashAttention-3 FP8 raised" in str(w.message) for w in caught)
     assert out.shape == q.shape and out.dtype == dtype
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
-    cos = F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0).item()
-    assert cos > 0.995, cos
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale, enable_gqa=True)
+    for h in range(4):  # each head on its own: a mixed-up group would fail here
+        cos = F.cosine_similarity(out[:, h].float().flatten(), ref[:, h].flatten(), dim=0).item()
+        assert cos > 0.995, (h, cos)
+
+
+def test_the_kernel_op_passes_torchs_op_checks():
+    """``ops.fa3_fp8_quantized``: its fake against its real output (the fallback here), under fake tensors and
+    compile (the schema check is left out: it compares outputs, and torch cannot compare e4m3 tensors on a CPU)."""
+    q, k, v = _inputs(1, 4, 2, 24, 40, 64, seed=9)
+    q8, k8, v8, descale = quantize_heads_traced(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FA3 is missing here: the fallback serves, and says so
+        torch.library.opcheck(torch.ops.ditgate.fa3_fp8_quantized.default, (q8, k8, v8, descale, 0.125, False),
+                              test_utils=("test_faketensor", "test_aot_dispatch_static"))
 
 
 @pytest.mark.parametrize("setting", [None, "op", "traced"])
@@ -144,3 +180,10 @@ def test_compiled_graph_path_matches_sdpa_on_hopper(dtype):
     cos = F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0).item()
     print(f"fa3_fp8 compiled graph path {dtype}: cosine {cos:.6f}")
     assert out.dtype == dtype and cos > 0.998, cos
+
+
+def test_a_mistyped_setting_is_said_and_the_op_serves(monkeypatch, caplog):
+    monkeypatch.setenv("DITGATE_FA3_FP8_GRAPH", "tracd")
+    with caplog.at_level("WARNING", logger="ditgate"):
+        form = create_forms(["fa3_fp8"])["fa3_fp8"]
+    assert form.graph_quantization == "op" and "'tracd' is neither 'op' nor 'traced'" in caplog.text

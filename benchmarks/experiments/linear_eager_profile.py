@@ -5,8 +5,8 @@ with one form, on a preset cut to its first blocks (GPU); eager, or with ``--com
     PYTHONPATH=. python benchmarks/experiments/linear_eager_profile.py --preset flux-dev-1024 --layers 8 \
         fp8_linear fp8_delayed_linear fp8_linear@fa3_fp8 host@fa3_fp8 [--compile [reduce-overhead]]
 
-A plan is ``LINEAR[@ATTENTION]``: the linear form at every per-token linear (``host``: none) and the attention form at
-every attention site (default ``sdpa_cudnn``, the host's own kernel). Per plan: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
+A plan is ``LINEAR[@ATTENTION]``: the linear form at every per-token linear (``host``: none) and the attention form
+at every attention site (default ``sdpa_cudnn``, the host's own kernel). Per plan: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
 top ops of one routed forward by host time and by device time. The whole-model check of a plan for eager use times
 forwards like these; until db2dc82 it timed them for a plan made for a compiled model too.
 """
@@ -38,12 +38,12 @@ def timed(fn, rounds: int = 1) -> float:
     return start.elapsed_time(end) / rounds
 
 
-def graph_skips() -> str:
-    """How many graphs skipped CUDA graphs so far in this process (reduce-overhead falls back to plain launches
-    silently; inductor counts each under ``cudagraph_skips`` and logs the reason to ``TORCH_LOGS=perf_hints``)."""
+def graph_skips(before: int = 0) -> tuple[str, int]:
+    """How many graphs skipped CUDA graphs since ``before`` (inductor's process-wide ``cudagraph_skips`` count, which
+    reduce-overhead raises when it falls back to plain launches; ``TORCH_LOGS=perf_hints`` says why), and the count."""
     from torch._dynamo.utils import counters
     skips = counters["inductor"]["cudagraph_skips"] if "inductor" in counters else 0
-    return f"; {skips} graph(s) skipped CUDA graphs" if skips else ""
+    return (f"; {skips - before} graph(s) skipped CUDA graphs" if skips > before else ""), skips
 
 
 def plan_routes(plan) -> str:
@@ -93,7 +93,8 @@ def main() -> None:
     for _ in range(3):
         forward()
     stock = statistics.median(timed(forward) for _ in range(args.rounds))  # before any plan: nothing to suspend
-    print(f"== stock: {stock:.2f} ms, {profiled()[1]} device events in one forward{graph_skips()}")
+    skipped, count = graph_skips()
+    print(f"== stock: {stock:.2f} ms, {profiled()[1]} device events in one forward{skipped}")
     for form in args.plans:
         runner["model"] = model
         linear, _, attention = form.partition("@")
@@ -110,7 +111,8 @@ def main() -> None:
         table, events = profiled()
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
-        print(f"== {form}: {events} device events in one routed forward{graph_skips()}")
+        skipped, count = graph_skips(count)
+        print(f"== {form}: {events} device events in one routed forward{skipped}")
         plan.detach()
 
 

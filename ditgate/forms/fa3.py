@@ -31,13 +31,17 @@ get the bf16 output cast back. From a site's second call at a shape on, the quan
 the scales the site's previous call left (``kernels.fp8_heads_carried``; ``_quantizer`` says when).
 Eager calls go straight to ``torch.ops.fa3_fwd.fwd``, skipping the autograd
 Function and the custom op's Python dispatch (host time at image lengths, where the kernel takes 0.3 ms); under
-``torch.compile`` the package's custom op is called instead, since it carries the fake implementation.
+``torch.compile`` the package's custom op is called instead, since it carries the fake implementation. Inside a
+compiled graph ``fa3_fp8`` is one opaque op (``ops.fa3_fp8``: the two Triton passes, then FA3's kernel), or with
+``DITGATE_FA3_FP8_GRAPH=traced`` its quantization in torch ops (``fp8_heads_traced``) before FA3's kernel alone
+(``ops.fa3_fp8_quantized``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import os
 
 import torch
@@ -168,8 +172,8 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         # quantize in one pass at the scales a site's previous call left (``kernels.fp8_heads_carried``);
         # DITGATE_FA3_FP8_CARRY=0 keeps every call on the two passes
         self.carry_scales = os.environ.get("DITGATE_FA3_FP8_CARRY") != "0"
-        # how a compiled graph quantizes: "op" (the Triton passes) or "traced" (torch ops the compiler fuses)
-        self.graph_quantization = os.environ.get("DITGATE_FA3_FP8_GRAPH", "op")
+        # how a compiled graph quantizes: "op" (the Triton passes) or "traced" (torch ops, for the compiler)
+        self.graph_quantization = _graph_quantization(os.environ.get("DITGATE_FA3_FP8_GRAPH", "op"))
 
     def _probe(self) -> Availability:
         avail = super()._probe()
@@ -245,6 +249,15 @@ class FlashAttn3Fp8(_FlashAttn3Base):
         self._statistics.clear()
         if self._pool is not None:
             self._pool.release()
+
+
+def _graph_quantization(setting: str) -> str:
+    """``DITGATE_FA3_FP8_GRAPH`` checked: "op" or "traced"; anything else is a mistake, said once, and the op serves."""
+    if setting in ("op", "traced"):
+        return setting
+    logging.getLogger("ditgate").warning("ditgate: DITGATE_FA3_FP8_GRAPH=%r is neither 'op' nor 'traced'; fa3_fp8 "
+                                         "keeps its Triton passes (the op) inside compiled graphs", setting)
+    return "op"
 
 
 def fp8_attention(quantize, attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,

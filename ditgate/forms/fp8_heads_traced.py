@@ -1,11 +1,13 @@
-"""fa3_fp8's quantization as plain torch ops, for compiled graphs: the compiler fuses it into the kernels that make
-Q, K and V.
+"""fa3_fp8's quantization as plain torch ops, for compiled graphs (opt-in: ``DITGATE_FA3_FP8_GRAPH=traced``).
 
 Eager calls quantize with ditgate's own Triton passes (``kernels.fp8_heads``): inside a compiled graph those are an
 opaque custom op, so the graph first writes Q, K and V in bf16 (after the host's norms and rotary embeddings), then
-the op reads them twice and writes the e4m3 copies: three launches of its own per call, and a bf16 round trip of
-every operand. Written as torch ops instead, the absolute maxima and K's per-channel statistics become reductions
-that inductor can fuse with the producers' pointwise work, and the casts become the producers' epilogues.
+the op reads them twice and writes the e4m3 copies. Written as torch ops instead, the absolute maxima and K's
+per-channel statistics are reductions the compiler may fuse with the producers' pointwise work, and the casts their
+epilogues. Measured at compiled Flux 1024 on an H100 it did not: each head's scale needs a reduction over its whole
+sequence before any element is cast, and the path added about 11 kernels per attention site against the op's 2
+(``benchmarks/results/h100/2026-12-07-round2k/``). So the op stays the default; this path is kept for other shapes
+and GPUs.
 
 The numbers are those of ``kernels.fp8_heads`` (one descale per (batch, kv head), Q's spanning its kv head's query
 heads; 1 for an all-zero head; values clamped to +-448 before the cast, which rounds to nearest even), with one

@@ -216,7 +216,7 @@ def fa3_fp8_quantized(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, desc
 
     def dequantized():
         group = q8.shape[1] // k8.shape[1]
-        return tuple(t.to(torch.bfloat16) * d[:, :, None, None].to(torch.bfloat16)
+        return tuple((t.float() * d[:, :, None, None]).to(torch.bfloat16)
                      for t, d in ((q8, descale[0].repeat_interleave(group, dim=1)), (k8, descale[1]), (v8, descale[2])))
 
     return _served("FlashAttention-3 FP8", run, q8, k8, v8, scale, causal, operands=dequantized)

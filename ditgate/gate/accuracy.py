@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -17,19 +19,52 @@ class Accuracy:
 
 
 CHUNK = 1 << 22  # elements per float64 slice: a few tens of MiB of temporaries however large the output
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the one-read kernel reads (exact in float64)
+# why the kernel failed in this process, once it has: the torch path serves every check after that
+_KERNEL_FAILED: list[str] = []
+logger = logging.getLogger("ditgate")
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor) -> Accuracy:
-    """The three measures over every element, in float64, a slice at a time: the sums are exact enough in float64,
-    and the float64 temporaries stay a slice's (a non-contiguous output is copied once in its own dtype to be
-    sliced). Whole-tensor float64 copies of a HunyuanVideo attention output (207M elements) are 6-7 GB beside a
-    26 GB model, which the allocator must find at every site a contest checks. One host synchronisation at the end.
-    Not finite when either output holds a NaN or an infinity: a host output that does passes no form."""
+@functools.cache
+def _sums_kernel():
+    """``kernels.accuracy_sums.accuracy_sums``, or None where Triton cannot be imported (loaded once, read-only)."""
+    try:
+        from ..kernels.accuracy_sums import accuracy_sums
+    except Exception:  # no Triton, or one that fails to load: the torch path serves
+        return None
+    return accuracy_sums
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, kernel: bool | None = None) -> Accuracy:
+    """The three measures over every element, with float64 sums. On a GPU, in one read of both outputs
+    (``kernels.accuracy_sums``: one launch, where the torch path below takes about twenty kernels and float64 copies
+    per slice); elsewhere, or for other dtypes, a slice at a time in torch operations: the float64 temporaries stay a
+    slice's (a non-contiguous output is copied once in its own dtype to be sliced). Whole-tensor float64 copies of a
+    HunyuanVideo attention output (207M elements) are 6-7 GB beside a 26 GB model, which the allocator must find at
+    every site a contest checks. One host synchronisation at the end. Not finite when either output holds a NaN or
+    an infinity: a host output that does passes no form. ``kernel``: force the one-read kernel (True; under Triton's
+    interpreter on a CPU) or the torch path (False); None picks the kernel for CUDA tensors it reads."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from the host's {tuple(ref.shape)}")
     if out.numel() == 0:
         raise ValueError("empty outputs: nothing to compare")
     a_all, b_all = out.detach().reshape(-1), ref.detach().reshape(-1)
+    sums = _sums_kernel() if kernel or kernel is None and _on_gpu(a_all) and not _KERNEL_FAILED else None
+    if sums is not None and (kernel or a_all.dtype in DTYPES and b_all.dtype in DTYPES):
+        try:
+            dot, na2, nb2, d2, not_finite, bmax, bmin = sums(a_all.contiguous(), b_all.contiguous()).tolist()
+        except Exception as exc:
+            if kernel:
+                raise
+            _KERNEL_FAILED.append(f"{type(exc).__name__}: {exc}"[:300])  # a verdict must not fail for the check's sake
+            logger.warning("ditgate: the accuracy check's kernel failed (%s); its torch path serves from now on",
+                           _KERNEL_FAILED[0])
+        else:
+            return _measures(not_finite == 0, dot, na2, nb2, d2, bmax, bmin, a_all.numel())
     zero = torch.zeros((), dtype=torch.float64, device=a_all.device)
     dot, na2, nb2, d2 = zero.clone(), zero.clone(), zero.clone(), zero.clone()
     bmax = torch.full((), -math.inf, dtype=torch.float64, device=a_all.device)
@@ -48,13 +83,18 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> Accuracy:
         bmin = torch.minimum(bmin, b.min())
     is_finite, dot, na2, nb2, d2, bmax, bmin = torch.stack(
         [finite.double(), dot, na2, nb2, d2, bmax, bmin]).tolist()
-    if not is_finite:
+    return _measures(bool(is_finite), dot, na2, nb2, d2, bmax, bmin, a_all.numel())
+
+
+def _measures(finite: bool, dot: float, na2: float, nb2: float, d2: float, bmax: float, bmin: float,
+              n: int) -> Accuracy:
+    if not finite:
         return Accuracy(float("nan"), float("inf"), float("-inf"), False)
     na, nb = math.sqrt(na2), math.sqrt(nb2)
     denom = na * nb
     cosine = dot / denom if denom > 0 else (1.0 if na == nb else 0.0)
     rel = math.sqrt(d2) / nb if nb > 0 else float(d2 > 0)
-    mse = d2 / a_all.numel()
+    mse = d2 / n
     span = bmax - bmin
     psnr = float("inf") if mse == 0 else (10 * math.log10(span * span / mse) if span > 0 else float("-inf"))
     return Accuracy(cosine=cosine, rel_l2=rel, psnr_db=psnr, finite=True)

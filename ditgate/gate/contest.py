@@ -40,6 +40,7 @@ from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNA
 from . import warm as first_calls
 from .compile_ahead import compile_ahead
 
+ACCURACY_CHECK = "accuracy check"  # how the accuracy check's kernel shows in a compile-ahead step's names and spend
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
 SCREEN_SAMPLES = 2
 
@@ -169,8 +170,10 @@ class _Contest:
                 if ready:
                     fresh.append(e)
         probed = time.perf_counter()
-        ahead = compile_ahead([first_calls.WarmCall(e.name, e.run) for e in fresh if e.compiles_ahead]
-                              if self.p.compile_ahead else [], self.device)
+        calls = [first_calls.WarmCall(e.name, e.run) for e in fresh if e.compiles_ahead] if self.p.compile_ahead else []
+        if calls:  # the accuracy check's own kernel (``compare``) compiles in the same step, at no extra wall time
+            calls.append(first_calls.WarmCall(ACCURACY_CHECK, self._compare_dry))
+        ahead = compile_ahead(calls, self.device)
         threaded = time.perf_counter()
         for name in ahead.names:  # the step's wall time is part of each one's first call, and shared in the spend
             self.ahead_ms[name] = (threaded - probed) * 1e3
@@ -180,6 +183,11 @@ class _Contest:
         if self.warmed:  # the wall time, shared among the forms that ran (those that raised too)
             for call in calls:
                 self.book.spend(call.name, (time.perf_counter() - threaded) / len(calls))
+
+    def _compare_dry(self) -> None:
+        """The accuracy check on a few elements of the host's output, for its kernel to be recorded (``warm``)."""
+        few = self.host_out.reshape(-1)[:16]
+        compare(few, few)
 
     def _screen_ms(self, fn: Callable[[], object]) -> float:
         """The better of two samples: one sample is what screening affords, the second keeps a single stall of the
