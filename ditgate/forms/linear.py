@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,9 +66,16 @@ class LinearCall:
 
 def describe_linear(x: torch.Tensor, out_features: int, needs_grad: bool,
                     capability: tuple[int, int] | None) -> LinearCall:
-    return LinearCall(rows=x.numel() // max(1, x.shape[-1]) if x.ndim else 1, in_features=x.shape[-1] if x.ndim else 0,
-                      out_features=out_features, dtype=str(x.dtype).removeprefix("torch."),
-                      device_type=x.device.type, capability=capability, needs_grad=needs_grad)
+    return linear_call(tuple(x.shape), x.dtype, x.device.type, out_features, needs_grad, capability)
+
+
+def linear_call(shape: tuple[int, ...], dtype: torch.dtype, device_type: str, out_features: int, needs_grad: bool,
+                capability: tuple[int, int] | None) -> LinearCall:
+    """A call's ``LinearCall`` from its input's shape, dtype and device type (no tensor: what a trace passes)."""
+    rows = math.prod(shape[:-1]) if shape else 1
+    return LinearCall(rows=rows, in_features=shape[-1] if shape else 0, out_features=out_features,
+                      dtype=str(dtype).removeprefix("torch."), device_type=device_type, capability=capability,
+                      needs_grad=needs_grad)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,11 @@ why the host served it. The host path is the host's own product, ``F.linear`` wi
 weight is the module's while the host keeps it, or the held original copied to the call's device (a call the form
 cannot take at a site whose host weight left the device: another dtype, autograd, a module moved by offloading).
 
-Inside torch.compile nothing here is counted: the decisions are plain Python on the call's dtype, device and shape,
-which the compiler guards on, and the served path is torch ops alone.
+Inside torch.compile nothing here is counted. The route is decided once at trace time by plain Python that dynamo
+runs eagerly and keeps as a constant (``traced_route``, as the attention sites' ``ModuleRouter.traced_route``): its
+arguments are the call's plain facts and the plan's generation, so the graph guards on the generation and the call's
+shape, not on the chooser's dictionaries and the forms' attributes that the decision reads. Traced through, those
+cost about 70 guards per site, evaluated on every call of the compiled model. The served path is torch ops alone.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from ..forms.linear import LinearCall, LinearForm, QuantizedWeight, describe_linear
+from ..forms.linear import LinearCall, LinearForm, QuantizedWeight, describe_linear, linear_call
 from ..hosts.linear_weights import WeightCustody
 from ..hosts.linears import LinearSite
 from .ledger import HOST, SiteLedger
@@ -116,8 +119,9 @@ class LinearRouter:
 
     def run_form(self, form: LinearForm, x: torch.Tensor, weights: QuantizedWeight) -> torch.Tensor:
         out = form.run(x.reshape(-1, x.shape[-1]), weights, self.module.bias)
-        if form.needs_eager_call and not _compiling():
+        if form.needs_eager_call and not _compiling() and form.name not in self.eager_served:
             self.eager_served.add(form.name)
+            self.context.route.invalidate()  # a graph traced before this call kept the host here: trace again
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def run_host(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,7 +136,7 @@ class LinearRouter:
         if not isinstance(x, torch.Tensor) or x.ndim == 0:
             return self.run_host(x)
         if _compiling():
-            return self.decide(x)
+            return self._traced(x)
         generation = self.context.route.generation
         if generation != self._generation:
             self._routes.clear()
@@ -198,24 +202,62 @@ class LinearRouter:
         """Why ``form`` cannot serve this call here (empty when it can): its envelope, or the call not fitting the
         site (``mismatch``)."""
         reasons = self.usable(form, call)
-        if reasons:
-            return reasons[0]
-        if _compiling() and self.context.forms[form].needs_eager_call:
-            if form not in self.eager_served:
-                return ("its input scale starts at an eager call of this site and none has run (run one forward "
-                        "before compiling)")
-            if not self.history_started(form):
-                return ("its input scale starts at an eager call's input absmax, and every input this site had was "
-                        "zero (this graph keeps the host here until it is traced again)")
-        return self.mismatch(x)
+        return reasons[0] if reasons else self.mismatch(x)
+
+    # --- inside a compiled graph ---------------------------------------------------------------
+    def _traced(self, x: torch.Tensor) -> torch.Tensor:
+        """The call as a graph holds it: the route ``traced_route`` decided for its facts, then the form's torch ops
+        (a form that raises while it is traced leaves this graph to the host's product)."""
+        name, _ = self.traced_route(self.context.route.generation, tuple(int(n) for n in x.shape), x.dtype, x.device,
+                                    bool(x.requires_grad), torch.is_grad_enabled(),
+                                    torch.is_autocast_enabled(x.device.type))
+        if name is None:
+            return self.run_host(x)
+        try:
+            return self.run_form(self.context.forms[name], x, self.weights_for(name))
+        except Exception:
+            return self.run_host(x)
 
     @torch._dynamo.assume_constant_result
+    def traced_route(self, generation: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                     requires_grad: bool, grad_enabled: bool, autocast: bool) -> tuple[str | None, str]:
+        """At trace time, eagerly: the form a compiled graph calls for this call, or None for the host, and why.
+        ``generation`` is the plan's, read in the trace: dynamo guards on it, so a new verdict, a disabled form or a
+        new mode traces again. Nothing is measured in a trace: a call the chooser would measure goes to the host
+        there, until an eager call at its shape measures it."""
+        needs_grad = grad_enabled and (requires_grad or self.custody.requires_grad)
+        call = linear_call(shape, dtype, device.type, self.module.out_features, needs_grad,
+                           self.context.route.capability(device))
+        decision = self.context.chooser.decide(self, call)
+        if decision.measure:
+            return None, f"shape {call.shape_key} not measured yet: an eager call measures it, not a compiled one"
+        if decision.form is None:
+            return None, decision.reason
+        reasons = self.usable(decision.form, call)
+        weight = self.module._parameters["weight"]
+        why = reasons[0] if reasons else (self._needs_eager_call(decision.form)
+                                          or mismatch_of(dtype, device, autocast, weight.dtype, weight.device))
+        return (None, f"{decision.form}: {why}") if why else (decision.form, "")
+
+    def _needs_eager_call(self, form: str) -> str:
+        """For a form whose state starts at an eager call (``LinearForm.needs_eager_call``): why a graph cannot run it
+        here yet (empty when it can)."""
+        if not self.context.forms[form].needs_eager_call:
+            return ""
+        if form not in self.eager_served:
+            return ("its input scale starts at an eager call of this site and none has run (run one forward before "
+                    "compiling)")
+        if not self.history_started(form):
+            return ("its input scale starts at an eager call's input absmax, and every input this site had was zero "
+                    "(this graph keeps the host here until it is traced again)")
+        return ""
+
     def history_started(self, form: str) -> bool:
         """Whether the form's state at this site holds a nonzero input absmax: a compiled call casts at the scale the
         history gives, so a history of zeros would clamp every element of a real input. Runs eagerly at trace time
-        (dynamo keeps the answer as a constant of the graph, with no guard) and reads the device there; reads only
-        weights that exist (a form with none here has no history). Nothing inside a graph counts the host's calls,
-        so a site kept on the host this way is logged, once per trace."""
+        (inside ``traced_route``, whose answer dynamo keeps as a constant of the graph, with no guard) and reads the
+        device there; reads only weights that exist (a form with none here has no history). Nothing inside a graph
+        counts the host's calls, so a site kept on the host this way is logged, once per trace."""
         weights = self.custody.payload() if self.custody.payload_form == form else self.candidates.get(form)
         if weights is not None and (weights.state is None or bool(weights.state[0].item() > 0)):
             return True
@@ -227,13 +269,7 @@ class LinearRouter:
         """Why no form may serve this input at this site, whatever its envelope (empty when one may): another dtype
         than the host's weight, another device than the module's, autocast on."""
         weight = self.module._parameters["weight"]
-        if x.dtype != weight.dtype:
-            return f"input {str(x.dtype).removeprefix('torch.')}, host weight {str(weight.dtype).removeprefix('torch.')}"
-        if x.device != weight.device:
-            return f"input on {x.device}, the module's weights on {weight.device}"
-        if torch.is_autocast_enabled(x.device.type):
-            return "autocast is on"
-        return ""
+        return mismatch_of(x.dtype, x.device, torch.is_autocast_enabled(x.device.type), weight.dtype, weight.device)
 
     def _tally_host(self, call: LinearCall, reason: str) -> None:
         if _compiling():
@@ -288,6 +324,16 @@ class LinearRouter:
         self.candidates.clear()
         self.eager_served.clear()
         self.custody.restore()
+
+
+def mismatch_of(dtype: torch.dtype, device: torch.device, autocast: bool, weight_dtype: torch.dtype,
+                weight_device: torch.device) -> str:
+    """``LinearRouter.mismatch`` from the call's plain facts (what a trace passes ``traced_route``)."""
+    if dtype != weight_dtype:
+        return f"input {str(dtype).removeprefix('torch.')}, host weight {str(weight_dtype).removeprefix('torch.')}"
+    if device != weight_device:
+        return f"input on {device}, the module's weights on {weight_device}"
+    return "autocast is on" if autocast else ""
 
 
 class StaticLinearChooser:
