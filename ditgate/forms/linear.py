@@ -156,6 +156,29 @@ def quantize_fp8_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
+def rowwise_product_dtype(xq: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``torch._scaled_mm`` writes for row-wise scales: bf16 on CUDA, whatever the host's dtype."""
+    return torch.bfloat16 if xq.device.type == "cuda" and dtype != torch.bfloat16 else dtype
+
+
+def fp8_product(xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, data: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None, out_dtype: torch.dtype, fast_accumulation: bool) -> torch.Tensor:
+    """``torch._scaled_mm`` of e4m3 ``xq`` [M, K] (scales ``xs``) and a site's e4m3 weight ``data`` [N, K] (scales
+    ``scale``), written in ``out_dtype``, returned in ``dtype`` with ``bias`` added (fused where the dtypes allow)."""
+    fused_bias = bias if bias is not None and bias.dtype == out_dtype else None
+    out = torch._scaled_mm(xq, data.t(), scale_a=xs, scale_b=scale, bias=fused_bias, out_dtype=out_dtype,
+                           use_fast_accum=fast_accumulation)
+    out = out.to(dtype)
+    return out + bias if bias is not None and fused_bias is None else out
+
+
+def int8_product(xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, data: torch.Tensor, scale: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """``torch._int_mm`` of int8 ``xq`` and a site's int8 weight, scaled back in float32, in ``dtype``, biased."""
+    out = (torch._int_mm(xq, data.t()).float() * xs * scale).to(dtype)
+    return out if bias is None else out + bias
+
+
 def quantize_activation(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A call's [M, K] input, row-wise: in one Triton launch on a GPU (``kernels.rowwise_quant``: the eager ops
     above move about ten times the bytes), the same numerics through torch ops elsewhere and inside a compiled
@@ -231,6 +254,14 @@ class LinearForm(Probed):
         a compiled graph keeps apart (inductor fuses the input's quantization into the kernel that makes it)."""
         raise NotImplementedError
 
+    @staticmethod
+    def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+        """``run`` as a compiled graph holds it for a site whose weights are settled: a plain function of tensors (no
+        form instance), which every site calls through one constant mapping (``linear_graph.GRAPH_SERVES``), so that
+        a graph guards on it once rather than on each site's path to its form's attributes."""
+        raise NotImplementedError
+
 
 def _probe_op(op_name: str) -> Availability:
     if not hasattr(torch, op_name):
@@ -274,19 +305,19 @@ class Fp8RowwiseLinear(LinearForm):
         return _probe_op("_scaled_mm")
 
     def product_dtype(self, xq: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
-        """The dtype ``torch._scaled_mm`` writes: bf16 on CUDA for row-wise scales, whatever the host's dtype."""
-        return torch.bfloat16 if xq.device.type == "cuda" and dtype != torch.bfloat16 else dtype
+        return rowwise_product_dtype(xq, dtype)
 
     def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
                 bias: torch.Tensor | None) -> torch.Tensor:
-        out_dtype = self.product_dtype(xq, dtype)
-        fused_bias = bias if bias is not None and bias.dtype == out_dtype else None
-        out = torch._scaled_mm(xq, weight.data.t(), scale_a=xs, scale_b=weight.scale, bias=fused_bias,
-                               out_dtype=out_dtype, use_fast_accum=self.fast_accumulation)
-        out = out.to(dtype)
-        if bias is not None and fused_bias is None:
-            out = out + bias
-        return out
+        return fp8_product(xq, xs, dtype, weight.data, weight.scale, bias, self.product_dtype(xq, dtype),
+                           self.fast_accumulation)
+
+    @staticmethod
+    def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+        xq, xs = quantize_activation(x, fp8=True)
+        return fp8_product(xq, xs, x.dtype, data, scale, bias, rowwise_product_dtype(xq, x.dtype),
+                           Fp8RowwiseLinear.fast_accumulation)
 
 
 class Int8DynamicLinear(LinearForm):
@@ -322,8 +353,13 @@ class Int8DynamicLinear(LinearForm):
 
     def product(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, weight: QuantizedWeight,
                 bias: torch.Tensor | None) -> torch.Tensor:
-        out = (torch._int_mm(xq, weight.data.t()).float() * xs * weight.scale).to(dtype)
-        return out if bias is None else out + bias
+        return int8_product(xq, xs, dtype, weight.data, weight.scale, bias)
+
+    @staticmethod
+    def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+        xq, xs = quantize_activation(x, fp8=False)
+        return int8_product(xq, xs, x.dtype, data, scale, bias)
 
 
 class Fp8TensorwiseLinear(Fp8RowwiseLinear):
@@ -362,6 +398,12 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
     def product_dtype(self, xq: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
         """Tensor-wise scales write the host's dtype itself (fp16 too)."""
         return dtype
+
+    @staticmethod
+    def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+        xq, xs = quantize_fp8_tensor(x)
+        return fp8_product(xq, xs, x.dtype, data, scale, bias, x.dtype, Fp8TensorwiseLinear.fast_accumulation)
 
 
 # The documented order of linear forms for a plan that does not measure (``attach(..., linear=..., measure=False)``):

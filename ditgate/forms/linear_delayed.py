@@ -38,7 +38,7 @@ import dataclasses
 
 import torch
 
-from .linear import _MIN_SCALE, FP8_MAX, Fp8TensorwiseLinear, QuantizedWeight, rowwise_kernel
+from .linear import _MIN_SCALE, FP8_MAX, Fp8TensorwiseLinear, QuantizedWeight, fp8_product, rowwise_kernel
 
 # Headroom over the largest input absmax a site has seen: a compiled call's input may grow to this many times every
 # earlier one before any element clamps. One binade of e4m3's range (about 2^15 between its smallest normal value and
@@ -78,6 +78,12 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
         quantized = super().quantize(weight)
         return dataclasses.replace(quantized, state=new_state(quantized.data.device))
 
+    @staticmethod
+    def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+        xq, xs = quantize_at_history(x, state)
+        return fp8_product(xq, xs, x.dtype, data, scale, bias, x.dtype, Fp8DelayedLinear.fast_accumulation)
+
     def quantize_input(self, x: torch.Tensor, weights: QuantizedWeight | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         if weights is None or weights.state is None:
@@ -85,12 +91,7 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
                              "(their state holds the largest input seen)")
         state = weights.state
         if torch.compiler.is_compiling():  # torch ops, which inductor fuses into the input's producer
-            current, spoiled = _finite_absmax(x)
-            seen = state[0].clone()
-            scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
-            clamped = ((current > seen * MARGIN) | spoiled).float()
-            state[:2].copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
-            return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
+            return quantize_at_history(x, state)
         # eager: this call's absmax into the history before the cast
         fused = rowwise_kernel("quantize_delayed") if x.device.type == "cuda" else None
         if fused is not None:
@@ -101,6 +102,18 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
         state[:2].copy_(torch.stack((largest, state[1] + spoiled.float())))
         scale = (largest * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
         return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
+
+
+def quantize_at_history(x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compiled call's input cast at the scale its site's history gives (the history as it stood), and the
+    history updated with this call's absmax and, where it went past the scale or held an inf or a NaN, a clamped
+    call counted: torch ops, which inductor fuses into the input's producer."""
+    current, spoiled = _finite_absmax(x)
+    seen = state[0].clone()
+    scale = (seen * MARGIN / FP8_MAX).clamp(min=_MIN_SCALE)
+    clamped = ((current > seen * MARGIN) | spoiled).float()
+    state[:2].copy_(torch.stack((torch.maximum(seen, current), state[1] + clamped)))
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(1, 1)
 
 
 def _finite_absmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

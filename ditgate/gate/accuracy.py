@@ -26,7 +26,7 @@ logger = logging.getLogger("ditgate")
 
 
 @functools.cache
-def _sums_kernel():
+def accuracy_kernel():
     """``kernels.accuracy_sums.accuracy_sums``, or None where Triton cannot be imported (loaded once, read-only)."""
     try:
         from ..kernels.accuracy_sums import accuracy_sums
@@ -53,7 +53,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, kernel: bool | None = None) ->
     if out.numel() == 0:
         raise ValueError("empty outputs: nothing to compare")
     a_all, b_all = out.detach().reshape(-1), ref.detach().reshape(-1)
-    sums = _sums_kernel() if kernel or kernel is None and _on_gpu(a_all) and not _KERNEL_FAILED else None
+    sums = accuracy_kernel() if kernel or kernel is None and _on_gpu(a_all) and not _KERNEL_FAILED else None
+    if kernel and sums is None:
+        raise RuntimeError("the accuracy check's kernel cannot be loaded here (Triton missing or failing to import)")
     if sums is not None and (kernel or a_all.dtype in DTYPES and b_all.dtype in DTYPES):
         try:
             dot, na2, nb2, d2, not_finite, bmax, bmin = sums(a_all.contiguous(), b_all.contiguous()).tolist()

@@ -146,6 +146,13 @@ class WeightCustody:
         own = {name: buffers[name].view(dtype) for name, dtype in self._payload_dtypes.items()}
         return QuantizedWeight(own[PAYLOAD_DATA], own[PAYLOAD_SCALE], own.get(PAYLOAD_STATE))
 
+    def payload_dtypes(self) -> tuple[torch.dtype, torch.dtype, torch.dtype | None] | None:
+        """The payload's own dtypes (data, scale, state or None), as ``payload`` views its buffers; None without one."""
+        if self.module._buffers.get(PAYLOAD_DATA) is None:
+            return None
+        own = self._payload_dtypes
+        return own[PAYLOAD_DATA], own[PAYLOAD_SCALE], own.get(PAYLOAD_STATE)
+
     def _drop_payload(self) -> None:
         for name in (PAYLOAD_DATA, PAYLOAD_SCALE, PAYLOAD_STATE):
             self.module._buffers.pop(name, None)

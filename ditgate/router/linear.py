@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from ..forms.linear import LinearCall, LinearForm, QuantizedWeight, describe_linear, linear_call
-from ..hosts.linear_weights import WeightCustody
+from ..forms.linear_graph import GRAPH_SERVES
+from ..hosts.linear_weights import PAYLOAD_DATA, PAYLOAD_SCALE, PAYLOAD_STATE, WeightCustody
 from ..hosts.linears import LinearSite
 from .ledger import HOST, SiteLedger
 from .observer import RouteEvent
@@ -80,7 +81,9 @@ class LinearRouter:
             return self.custody.payload()
         if form not in self.candidates:
             self.candidates[form] = self.context.forms[form].quantize(self.host_weight(self.custody.device))
-            self.eager_served.discard(form)  # new weights, a new state: no eager call has started it
+            if form in self.eager_served:  # new weights, a new state: no eager call has started it
+                self.eager_served.discard(form)
+                self.context.route.invalidate()
         return self.candidates[form]
 
     def host_weight(self, device: torch.device) -> torch.Tensor:
@@ -93,6 +96,7 @@ class LinearRouter:
             weights = self.weights_for(form)
             self.custody.hold_payload(form, weights)
             self.custody.release_host(self.context.keep_host)
+            self.context.route.invalidate()  # a graph reads settled weights another way (``_traced``): trace again
         self.candidates.clear()
 
     def keep_candidates(self, forms: set[str | None]) -> None:
@@ -207,24 +211,42 @@ class LinearRouter:
     # --- inside a compiled graph ---------------------------------------------------------------
     def _traced(self, x: torch.Tensor) -> torch.Tensor:
         """The call as a graph holds it: the route ``traced_route`` decided for its facts, then the form's torch ops
-        (a form that raises while it is traced leaves this graph to the host's product)."""
-        name, _ = self.traced_route(self.context.route.generation, tuple(int(n) for n in x.shape), x.dtype, x.device,
-                                    bool(x.requires_grad), torch.is_grad_enabled(),
-                                    torch.is_autocast_enabled(x.device.type))
+        (a form that raises while it is traced leaves this graph to the host's product). A site whose weights are
+        settled runs its form's ``graph_serve`` on the module's payload buffers, reached through one constant mapping
+        (``forms.linear_graph``): no guard on this site's path to the form or to the weights' holder."""
+        name, _, dtypes = self.traced_route(self.context.route.generation, tuple(int(n) for n in x.shape), x.dtype,
+                                            x.device, bool(x.requires_grad), torch.is_grad_enabled(),
+                                            torch.is_autocast_enabled(x.device.type))
         if name is None:
             return self.run_host(x)
         try:
-            return self.run_form(self.context.forms[name], x, self.weights_for(name))
+            if dtypes is None:  # weights made while measuring, not settled in the module
+                return self.run_form(self.context.forms[name], x, self.weights_for(name))
+            module = self.module
+            buffers = module._buffers
+            data, scale = buffers[PAYLOAD_DATA].view(dtypes[0]), buffers[PAYLOAD_SCALE].view(dtypes[1])
+            state = buffers[PAYLOAD_STATE].view(dtypes[2]) if dtypes[2] is not None else None
+            out = GRAPH_SERVES[name](x.reshape(-1, x.shape[-1]), data, scale, state, module.bias)
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         except Exception:
             return self.run_host(x)
 
     @torch._dynamo.assume_constant_result
     def traced_route(self, generation: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                     requires_grad: bool, grad_enabled: bool, autocast: bool) -> tuple[str | None, str]:
-        """At trace time, eagerly: the form a compiled graph calls for this call, or None for the host, and why.
-        ``generation`` is the plan's, read in the trace: dynamo guards on it, so a new verdict, a disabled form or a
-        new mode traces again. Nothing is measured in a trace: a call the chooser would measure goes to the host
-        there, until an eager call at its shape measures it."""
+                     requires_grad: bool, grad_enabled: bool,
+                     autocast: bool) -> tuple[str | None, str, tuple[torch.dtype, ...] | None]:
+        """At trace time, eagerly: the form a compiled graph calls for this call, or None for the host, and why, and
+        the dtypes of the form's weights where they are settled in the module's payload buffers (data, scale, state
+        or None; None where they are not). ``generation`` is the plan's, read in the trace: dynamo guards on it, so a
+        new verdict, a disabled form, a settled site or a new mode traces again. Nothing is measured in a trace: a
+        call the chooser would measure goes to the host there, until an eager call at its shape measures it."""
+        name, why = self._route_of(shape, dtype, device, requires_grad, grad_enabled, autocast)
+        self.ledger.traced(name or HOST, why)  # what the graph holds here, counted per trace (its calls are not)
+        return name, why, (self.custody.payload_dtypes() if name is not None and name == self.custody.payload_form
+                           else None)
+
+    def _route_of(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, requires_grad: bool,
+                  grad_enabled: bool, autocast: bool) -> tuple[str | None, str]:
         needs_grad = grad_enabled and (requires_grad or self.custody.requires_grad)
         call = linear_call(shape, dtype, device.type, self.module.out_features, needs_grad,
                            self.context.route.capability(device))
@@ -287,6 +309,7 @@ class LinearRouter:
         if not _compiling() and self.ledger.failed(form.name, exc):
             logger.warning("ditgate: %s: linear form %s %s; the host serves this site from now on",
                            self.name, form.name, self.ledger.disabled[form.name])
+            self.context.route.invalidate()  # graphs decided their routes as constants: trace them again
         return self._host(call, f"{form.name} raised", x)
 
     def _observe(self, call: LinearCall, route: str, reason: str) -> None:
