@@ -10,8 +10,8 @@ from .helpers import Tiny
 
 
 def _routed_feed_forward(form: str):
-    """Tiny Wan's first feed-forward with a static plan serving its linears with ``form``: (ffn, an input, the host's
-    output before attach, the plan)."""
+    """Tiny Wan's first feed-forward with a static plan serving its linears with ``form``: (the model, ffn, an input,
+    the host's output before attach, the plan)."""
     torch._dynamo.reset()
     tiny = Tiny("tiny-wan")
     ffn = tiny.model.blocks[0].ffn
@@ -19,13 +19,13 @@ def _routed_feed_forward(form: str):
     with torch.no_grad():
         host = ffn(x)
         plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, linear=[form])
-    return ffn, x, host, plan
+    return tiny.model, ffn, x, host, plan
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["int8_linear", "fp8_linear", "fp8_tensor_linear"])
 def test_a_routed_feed_forward_compiles_in_one_graph_and_computes_what_eager_does(form):
-    ffn, x, host, plan = _routed_feed_forward(form)
+    _, ffn, x, host, plan = _routed_feed_forward(form)
     with torch.no_grad():
         eager = ffn(x)
         compiled = torch.compile(ffn, fullgraph=True)(x)
@@ -87,7 +87,7 @@ def _fp8_linear_or_skip():
 def test_a_form_disabled_by_eager_failures_leaves_compiled_graphs_to_the_host(monkeypatch, caplog):
     """The route is a constant of the graph: disabling a form must change the plan's generation, which the graph
     guards on, or the graph would keep calling the form."""
-    ffn, x, host, plan = _routed_feed_forward("int8_linear")
+    _, ffn, x, host, plan = _routed_feed_forward("int8_linear")
     with torch.no_grad():
         routed = ffn(x)
         compiled = torch.compile(ffn, backend="eager", fullgraph=True)
@@ -134,3 +134,56 @@ def test_a_compiled_linear_site_costs_a_few_guards_and_runs_its_route():
                    or getattr(n.target, "__name__", "") == "_scaled_mm")
     assert products == routed  # every routed site's 8-bit product is in the graph, and nothing else's
     assert (guards - stock_guards) / routed < 30, (guards, stock_guards, routed)
+
+
+def test_a_graph_two_modules_share_is_not_reused_for_a_site_it_was_not_traced_for():
+    """Two feed-forwards compiled apart run the same code: a graph traced at one must not serve the other with the
+    first's route (the route is a constant of the graph, so the graph guards on the site's name)."""
+    torch._dynamo.reset()
+    tiny = Tiny("tiny-wan")
+    f0, f1 = tiny.model.blocks[0].ffn, tiny.model.blocks[1].ffn
+    x = torch.randn(1, 64, 32)
+    with torch.no_grad():
+        host1 = f1(x)
+        plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, linear=["int8_linear"])
+        routed0, routed1 = f0(x), f1(x)
+        c0 = torch.compile(f0, backend="eager", fullgraph=True)
+        c1 = torch.compile(f1, backend="eager", fullgraph=True)
+        assert torch.allclose(c0(x), routed0, atol=1e-5) and torch.allclose(c1(x), routed1, atol=1e-5)
+        form = plan.linear.context.forms["int8_linear"]
+        block1 = {r.custody.payload().data.data_ptr() for r in plan.linear.routers if r.name.startswith("blocks.1.")}
+        run = form.run
+
+        def fails_at_block_1(x, weights, bias):
+            if weights.data.data_ptr() in block1:
+                raise RuntimeError("fails at block 1 on purpose")
+            return run(x, weights, bias)
+
+        form.run = fails_at_block_1
+        for _ in range(3):  # eager calls: block 1's sites lose the form, block 0's keep it
+            assert torch.equal(f1(x), host1)
+        assert torch.allclose(c0(x), routed0, atol=1e-5)
+        assert torch.equal(c1(x), host1)
+    plan.detach()
+    torch._dynamo.reset()
+
+
+def test_a_graph_traced_under_one_plan_is_not_reused_under_the_next():
+    """Plans count their generations from zero: a graph traced under a detached plan must not serve a new plan's
+    calls at a generation the two happen to share. Here the new plan's history is still zero, so its graph must keep
+    the host where the old plan's graph cast at the old history."""
+    tiny_model, ffn, x, host, first = _routed_feed_forward("fp8_delayed_linear")
+    with torch.no_grad():
+        ffn(x)  # eager: the histories start
+        compiled = torch.compile(ffn, backend="eager", fullgraph=True)
+        assert compare(compiled(x), host).rel_l2 > 1e-4  # the form served in the graph
+        first.detach()
+        second = ditgate.attach(tiny_model, forms=["sdpa_math"], measure=False, linear=["fp8_delayed_linear"])
+        ffn(torch.zeros_like(x))  # an eager call, all zeros: the first projection's history stays zero
+        compiled(x)
+        first_projection = next(r for r in second.linear.routers if r.name == "blocks.0.ffn.net.0.proj")
+        traced = list(first_projection.ledger.traces)  # traced again under this plan, and it kept the host there
+        assert traced and all(route == "host" and "every input this site had was zero" in why
+                              for route, why in traced), traced
+        second.detach()
+    torch._dynamo.reset()

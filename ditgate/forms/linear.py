@@ -256,10 +256,12 @@ class LinearForm(Probed):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
         """``run`` as a compiled graph holds it for a site whose weights are settled: a plain function of tensors (no
         form instance), which every site calls through one constant mapping (``linear_graph.GRAPH_SERVES``), so that
-        a graph guards on it once rather than on each site's path to its form's attributes."""
+        a graph guards on it once rather than on each site's path to its form's attributes. The instance's
+        ``fast_accumulation`` comes in as an argument; a subclass that changes ``run`` (its quantization, its
+        product's dtype) changes this too."""
         raise NotImplementedError
 
 
@@ -314,10 +316,10 @@ class Fp8RowwiseLinear(LinearForm):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
         xq, xs = quantize_activation(x, fp8=True)
         return fp8_product(xq, xs, x.dtype, data, scale, bias, rowwise_product_dtype(xq, x.dtype),
-                           Fp8RowwiseLinear.fast_accumulation)
+                           fast_accumulation)
 
 
 class Int8DynamicLinear(LinearForm):
@@ -357,7 +359,7 @@ class Int8DynamicLinear(LinearForm):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
         xq, xs = quantize_activation(x, fp8=False)
         return int8_product(xq, xs, x.dtype, data, scale, bias)
 
@@ -401,9 +403,9 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
         xq, xs = quantize_fp8_tensor(x)
-        return fp8_product(xq, xs, x.dtype, data, scale, bias, x.dtype, Fp8TensorwiseLinear.fast_accumulation)
+        return fp8_product(xq, xs, x.dtype, data, scale, bias, x.dtype, fast_accumulation)
 
 
 # The documented order of linear forms for a plan that does not measure (``attach(..., linear=..., measure=False)``):
@@ -414,7 +416,7 @@ LINEAR_OPT_IN: tuple[str, ...] = ("fp8_tensor_linear", "fp8_delayed_linear")
 
 
 @functools.cache
-def _linear_classes() -> dict[str, type[LinearForm]]:
+def linear_classes() -> dict[str, type[LinearForm]]:
     """Every linear form class by name (``linear_delayed`` builds on this module, so it is imported here, late)."""
     from .linear_delayed import Fp8DelayedLinear
 
@@ -427,7 +429,7 @@ class UnknownLinearFormError(ValueError):
 
 def check_linear_form_names(names) -> tuple[str, ...]:
     names = tuple(names)
-    unknown = [n for n in names if n not in _linear_classes()]
+    unknown = [n for n in names if n not in linear_classes()]
     if unknown:
         raise UnknownLinearFormError(f"unknown linear form name(s) {unknown}; known linear forms: "
                                      f"{', '.join(LINEAR_PRIORITY + LINEAR_OPT_IN)}")
@@ -438,4 +440,4 @@ def create_linear_forms(names=None) -> dict[str, LinearForm]:
     """Fresh linear form instances, by name, in the documented order (the default candidates, ``LINEAR_PRIORITY``,
     when ``names`` is None)."""
     wanted = check_linear_form_names(names) if names is not None else LINEAR_PRIORITY
-    return {name: _linear_classes()[name]() for name in wanted}
+    return {name: linear_classes()[name]() for name in wanted}

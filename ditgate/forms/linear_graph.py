@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from .linear import Fp8RowwiseLinear, Fp8TensorwiseLinear, Int8DynamicLinear
-from .linear_delayed import Fp8DelayedLinear
+from .linear import linear_classes
 
-GRAPH_SERVES = MappingProxyType({cls.spec.name: cls.graph_serve for cls in (Fp8RowwiseLinear, Int8DynamicLinear,
-                                                                              Fp8TensorwiseLinear, Fp8DelayedLinear)})
+GRAPH_SERVES = MappingProxyType({name: cls.graph_serve for name, cls in linear_classes().items()})

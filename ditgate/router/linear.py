@@ -211,12 +211,14 @@ class LinearRouter:
     # --- inside a compiled graph ---------------------------------------------------------------
     def _traced(self, x: torch.Tensor) -> torch.Tensor:
         """The call as a graph holds it: the route ``traced_route`` decided for its facts, then the form's torch ops
-        (a form that raises while it is traced leaves this graph to the host's product). A site whose weights are
+        (a form whose Python raises while it is traced leaves this graph to the host's product; an operator that
+        fails inside the compiler's own tracing fails the compile). A site whose weights are
         settled runs its form's ``graph_serve`` on the module's payload buffers, reached through one constant mapping
         (``forms.linear_graph``): no guard on this site's path to the form or to the weights' holder."""
-        name, _, dtypes = self.traced_route(self.context.route.generation, tuple(int(n) for n in x.shape), x.dtype,
-                                            x.device, bool(x.requires_grad), torch.is_grad_enabled(),
-                                            torch.is_autocast_enabled(x.device.type))
+        name, _, dtypes, fast = self.traced_route(self.context.route.generation, self.name,
+                                                  tuple(int(n) for n in x.shape), x.dtype, x.device,
+                                                  bool(x.requires_grad), torch.is_grad_enabled(),
+                                                  torch.is_autocast_enabled(x.device.type))
         if name is None:
             return self.run_host(x)
         try:
@@ -226,24 +228,28 @@ class LinearRouter:
             buffers = module._buffers
             data, scale = buffers[PAYLOAD_DATA].view(dtypes[0]), buffers[PAYLOAD_SCALE].view(dtypes[1])
             state = buffers[PAYLOAD_STATE].view(dtypes[2]) if dtypes[2] is not None else None
-            out = GRAPH_SERVES[name](x.reshape(-1, x.shape[-1]), data, scale, state, module.bias)
+            out = GRAPH_SERVES[name](x.reshape(-1, x.shape[-1]), data, scale, state, module.bias, fast)
             return out.reshape(*x.shape[:-1], out.shape[-1])
         except Exception:
             return self.run_host(x)
 
     @torch._dynamo.assume_constant_result
-    def traced_route(self, generation: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                     requires_grad: bool, grad_enabled: bool,
-                     autocast: bool) -> tuple[str | None, str, tuple[torch.dtype, ...] | None]:
-        """At trace time, eagerly: the form a compiled graph calls for this call, or None for the host, and why, and
-        the dtypes of the form's weights where they are settled in the module's payload buffers (data, scale, state
-        or None; None where they are not). ``generation`` is the plan's, read in the trace: dynamo guards on it, so a
-        new verdict, a disabled form, a settled site or a new mode traces again. Nothing is measured in a trace: a
-        call the chooser would measure goes to the host there, until an eager call at its shape measures it."""
+    def traced_route(self, generation: int, site: str, shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device, requires_grad: bool, grad_enabled: bool,
+                     autocast: bool) -> tuple[str | None, str, tuple[torch.dtype, ...] | None, bool]:
+        """At trace time, eagerly: the form a compiled graph calls for this call, or None for the host, and why; the
+        dtypes of the form's weights where they are settled in the module's payload buffers (data, scale, state or
+        None; None where they are not); and the form's ``fast_accumulation``. ``generation`` (the plan's, unique
+        among the process's plans) and ``site`` (this router's name) are read in the trace, so dynamo guards on both:
+        a new verdict, a disabled form, a settled site, a new mode or another plan traces again, and a graph that
+        two modules share (the same code compiled twice) is not reused for a site it was not traced for. Nothing is
+        measured in a trace: a call the chooser would measure goes to the host there, until an eager call at its
+        shape measures it."""
         name, why = self._route_of(shape, dtype, device, requires_grad, grad_enabled, autocast)
         self.ledger.traced(name or HOST, why)  # what the graph holds here, counted per trace (its calls are not)
-        return name, why, (self.custody.payload_dtypes() if name is not None and name == self.custody.payload_form
-                           else None)
+        settled = name is not None and name == self.custody.payload_form
+        fast = bool(getattr(self.context.forms[name], "fast_accumulation", False)) if name is not None else False
+        return name, why, self.custody.payload_dtypes() if settled else None, fast
 
     def _route_of(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, requires_grad: bool,
                   grad_enabled: bool, autocast: bool) -> tuple[str | None, str]:

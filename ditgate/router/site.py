@@ -12,6 +12,7 @@ each distinct route once. Inside a torch.compile trace the site's stand-in (``tr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ class Chooser(Protocol):
     ) -> torch.Tensor: ...
 
 
+_PLAN_SERIALS = itertools.count(1)  # a counter, not a cache: each plan's context takes the next number
+
+
 @dataclass
 class RouterContext:
     """Everything the sites of one plan share. Owned by the plan; nothing here is module-level."""
@@ -68,13 +72,16 @@ class RouterContext:
     sparse: object | None = None  # the plan's SparseStage, when attach(..., sparse=...) asked for one
     padding: object | None = None  # the plan's PaddingKeys: masks that hide only padding, served without it
     invalidations: int = 0  # bumped by ``invalidate``
+    # this plan among the process's plans: two plans' generations never meet, so a graph traced under one plan is
+    # never reused under another that happens to have counted as far
+    serial: int = field(default_factory=lambda: next(_PLAN_SERIALS))
 
     @property
     def generation(self) -> int:
         """Changes whenever a route resolved before may no longer hold: the chooser's own ``generation`` (a new
-        verdict, a new mode) plus this plan's invalidations (a disabled form, detach). Sites drop their routes
-        when it changes, and compiled graphs, which guard on it, recompile."""
-        return self.invalidations + getattr(self.chooser, "generation", 0)
+        verdict, a new mode) plus this plan's invalidations (a disabled form, detach), above this plan's serial.
+        Sites drop their routes when it changes, and compiled graphs, which guard on it, recompile."""
+        return (self.serial << 40) + self.invalidations + getattr(self.chooser, "generation", 0)
 
     def invalidate(self) -> None:
         self.invalidations += 1
