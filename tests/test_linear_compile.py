@@ -111,7 +111,7 @@ def test_a_compiled_linear_site_costs_a_few_guards_and_runs_its_route():
     """The route is decided at trace time as a constant (``LinearRouter.traced_route``) and a settled site runs its
     form's ``graph_serve`` through one constant mapping: the graph guards on the plan's generation and the call's
     facts, not on the chooser's and each site's path to its form. Traced through, the decision and the form's methods
-    cost about 70 guards per site (about 24 now), checked on every call of the compiled model."""
+    cost about 70 guards per site (about 25 now), checked on every call of the compiled model."""
     from collections import Counter
 
     from ditgate.models.presets import get_preset
