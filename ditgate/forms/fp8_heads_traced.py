@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-E4M3_MAX = 448.0
+from .linear import FP8_MAX as E4M3_MAX
 
 
 def descale_of(amax: torch.Tensor) -> torch.Tensor:

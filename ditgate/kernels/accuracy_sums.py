@@ -8,8 +8,9 @@ calibration checks. Here one launch reads both operands once in their own dtype:
 elements, forms the products in float64 and writes its partial sums; torch adds the programs' partials in a fixed
 order, so the same inputs give the same figures on every run (no atomics).
 
-Numerics: bf16, fp16 and float32 values are exact in float64, so each product and difference is formed exactly
-before the float64 sums, as in the torch path; only the order of the additions differs from it.
+Numerics: bf16, fp16 and float32 values are exact in float64, and so are the products of two of them; each element
+is formed in float64 as in the torch path (the difference and its square rounded to float64, as there), and only the
+order of the additions differs from it.
 """
 
 from __future__ import annotations

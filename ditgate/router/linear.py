@@ -7,11 +7,12 @@ why the host served it. The host path is the host's own product, ``F.linear`` wi
 weight is the module's while the host keeps it, or the held original copied to the call's device (a call the form
 cannot take at a site whose host weight left the device: another dtype, autograd, a module moved by offloading).
 
-Inside torch.compile nothing here is counted. The route is decided once at trace time by plain Python that dynamo
-runs eagerly and keeps as a constant (``traced_route``, as the attention sites' ``ModuleRouter.traced_route``): its
-arguments are the call's plain facts and the plan's generation, so the graph guards on the generation and the call's
-shape, not on the chooser's dictionaries and the forms' attributes that the decision reads. Traced through, those
-cost about 70 guards per site, evaluated on every call of the compiled model. The served path is torch ops alone.
+Inside torch.compile no call is counted, only each trace's route (``SiteLedger.traced``). The route is decided once
+at trace time by plain Python that dynamo runs eagerly and keeps as a constant (``traced_route``, as the attention
+sites' ``ModuleRouter.traced_route``): its arguments are the call's plain facts, the site's name and the plan's
+generation, so the graph guards on those, not on the chooser's dictionaries and the forms' attributes that the
+decision reads. Traced through, those cost about 70 guards per site, evaluated on every call of the compiled model.
+The served path is torch ops alone. Everything else here (``decide`` and the routes it keeps) runs eagerly only.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..hosts.linears import LinearSite
 from .ledger import HOST, SiteLedger
 from .observer import RouteEvent
 from .site import Decision, RouterContext
+from .traced import plain_sizes
 
 logger = logging.getLogger("ditgate")
 
@@ -176,8 +178,7 @@ class LinearRouter:
     def decide(self, x: torch.Tensor, sig: tuple | None = None) -> torch.Tensor:
         """Decide this call's route (and keep it under ``sig``, unless it measures), then serve the call."""
         call = self.describe(x)
-        if not _compiling():
-            self.shapes.setdefault(call.shape_key, call)
+        self.shapes.setdefault(call.shape_key, call)
         decision = self.context.chooser.decide(self, call)
         if decision.measure:
             self._tally_host(call, "calibrating")
@@ -196,10 +197,9 @@ class LinearRouter:
             out = self.run_form(form, x, self.weights_for(form.name))
         except Exception as exc:  # never fail a call the host could serve
             return self._failed(form, exc, call, x)
-        if not _compiling():
-            if self.context.route.tally:
-                self.ledger.served(form.name)
-            self._observe(call, form.name, "")
+        if self.context.route.tally:
+            self.ledger.served(form.name)
+        self._observe(call, form.name, "")
         return out
 
     def _blocked(self, form: str, call: LinearCall, x: torch.Tensor) -> str:
@@ -215,9 +215,8 @@ class LinearRouter:
         fails inside the compiler's own tracing fails the compile). A site whose weights are
         settled runs its form's ``graph_serve`` on the module's payload buffers, reached through one constant mapping
         (``forms.linear_graph``): no guard on this site's path to the form or to the weights' holder."""
-        name, _, dtypes, fast = self.traced_route(self.context.route.generation, self.name,
-                                                  tuple(int(n) for n in x.shape), x.dtype, x.device,
-                                                  bool(x.requires_grad), torch.is_grad_enabled(),
+        name, _, dtypes, fast = self.traced_route(self.context.route.generation, self.name, plain_sizes(x.shape),
+                                                  x.dtype, x.device, bool(x.requires_grad), torch.is_grad_enabled(),
                                                   torch.is_autocast_enabled(x.device.type))
         if name is None:
             return self.run_host(x)
@@ -300,8 +299,6 @@ class LinearRouter:
         return mismatch_of(x.dtype, x.device, torch.is_autocast_enabled(x.device.type), weight.dtype, weight.device)
 
     def _tally_host(self, call: LinearCall, reason: str) -> None:
-        if _compiling():
-            return
         if self.context.route.tally:
             self.ledger.hosted(reason)
         self._observe(call, HOST, reason)
@@ -312,7 +309,7 @@ class LinearRouter:
 
     def _failed(self, form: LinearForm, exc: Exception, call: LinearCall, x: torch.Tensor) -> torch.Tensor:
         self._routes.clear()  # the next call decides again (past the limit, without this form)
-        if not _compiling() and self.ledger.failed(form.name, exc):
+        if self.ledger.failed(form.name, exc):
             logger.warning("ditgate: %s: linear form %s %s; the host serves this site from now on",
                            self.name, form.name, self.ledger.disabled[form.name])
             self.context.route.invalidate()  # graphs decided their routes as constants: trace them again

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .module import ModuleRouter
 
 
-def _sizes(shape) -> tuple[int, ...]:
+def plain_sizes(shape) -> tuple[int, ...]:
     """Plain ints (dynamo specialises a symbolic size on it, with a guard: a route holds for one shape)."""
     return tuple(int(n) for n in shape)
 
@@ -51,13 +51,13 @@ class TracedSite:
         if mask is None:
             mask_sig = None
         elif isinstance(mask, torch.Tensor):
-            mask_sig = (mask.dtype, _sizes(mask.shape))
+            mask_sig = (mask.dtype, plain_sizes(mask.shape))
         else:
             mask_sig = type(mask)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         router = self.router
-        sig = (_sizes(q.shape), _sizes(k.shape), _sizes(v.shape), q.dtype, q.device, mask_sig, bool(args.is_causal),
-               float(args.dropout_p), bool(args.enable_gqa), needs_grad)
+        sig = (plain_sizes(q.shape), plain_sizes(k.shape), plain_sizes(v.shape), q.dtype, q.device, mask_sig,
+               bool(args.is_causal), float(args.dropout_p), bool(args.enable_gqa), needs_grad)
         name, reason, selected = router.traced_route(self.index, self.convention, router.context.generation, *sig)
         inputs = args.inputs()
         if selected:  # a block-sparse form: the sparse stage selects, in the graph, for this step's budget
