@@ -129,9 +129,11 @@ def test_on_a_gpu_compare_takes_the_kernel_and_agrees_with_the_torch_path():
     ref = torch.randn(32760 * 12 * 128 + 3, device="cuda", generator=gen).to(torch.bfloat16)
     out = (ref.float() + 0.03 * torch.randn(ref.shape, device="cuda", generator=gen)).to(torch.bfloat16)
     assert accuracy.accuracy_kernel() is not None
+    assert accuracy.kernel_ready(out, ref, wait=True), accuracy._KERNEL_FAILED
     fast, slow = accuracy.compare(out, ref), accuracy.compare(out, ref, kernel=False)
     assert fast.cosine == pytest.approx(slow.cosine, rel=1e-12)
     assert fast.rel_l2 == pytest.approx(slow.rel_l2, rel=1e-9) and fast.psnr_db == pytest.approx(slow.psnr_db, rel=1e-9)
+    assert accuracy.kernel_ready(out, ref), "a check on this GPU started the kernel's compile; it has ended by now"
 
 
 def test_a_kernel_that_fails_leaves_the_check_to_the_torch_path(monkeypatch, caplog):
@@ -144,6 +146,7 @@ def test_a_kernel_that_fails_leaves_the_check_to_the_torch_path(monkeypatch, cap
     monkeypatch.setattr(accuracy, "accuracy_kernel", lambda: broken)
     monkeypatch.setattr(accuracy, "_KERNEL_FAILED", [])
     monkeypatch.setattr(accuracy, "_on_gpu", lambda t: True)  # as a GPU's tensors would pick the kernel
+    monkeypatch.setattr(accuracy, "kernel_ready", lambda a, b: True)  # compiled (the next tests see it compile)
     ref = torch.randn(3000)
     with pytest.raises(RuntimeError, match="no float64"):  # forced, it raises
         accuracy.compare(ref, ref, kernel=True)
@@ -153,3 +156,66 @@ def test_a_kernel_that_fails_leaves_the_check_to_the_torch_path(monkeypatch, cap
     assert first == second and first.finite and 0 < 1 - first.cosine < 1e-6
     assert accuracy._KERNEL_FAILED == ["RuntimeError: no float64 here"] and "kernel failed" in caplog.text
     assert len(calls) == 2  # the forced call and the first automatic one: not tried again after it failed
+
+
+@pytest.fixture
+def fresh_preparation(monkeypatch):
+    """No kernel compiled or failed in this process, as a GPU's tensors would pick the kernel."""
+    monkeypatch.setattr(accuracy, "_PREPARING", {})
+    monkeypatch.setattr(accuracy, "_KERNEL_FAILED", [])
+    monkeypatch.setattr(accuracy, "_on_gpu", lambda t: True)
+
+
+def test_the_first_check_does_not_wait_for_the_kernels_compile(monkeypatch, fresh_preparation):
+    _kernel_on_cpu_or_skip()
+    from ditgate.kernels import accuracy_sums as module
+    real, used, started = module.accuracy_sums, [], []
+    monkeypatch.setattr(accuracy, "accuracy_kernel", lambda: lambda a, b: used.append(a.numel()) or real(a, b))
+    compiled = module.compile_sums
+
+    def slow_compile(*args):  # a compile that has not ended when the first checks come
+        started.append(args)
+        gate.wait(5)
+        compiled(*args)
+
+    import threading
+    gate = threading.Event()
+    monkeypatch.setattr(module, "compile_sums", slow_compile)
+    ref = torch.randn(3000)
+    out = ref + 0.01 * torch.randn(3000)
+    first = accuracy.compare(out, ref)
+    second = accuracy.compare(out, ref)
+    assert used == [] and len(started) == 1, "the torch path served while the one compile ran"
+    assert started[0] == (torch.float32, torch.float32, ref.device)
+    gate.set()
+    assert accuracy.kernel_ready(out, ref, wait=True)
+    third = accuracy.compare(out, ref)
+    assert used == [3000], "once compiled, the kernel serves"
+    assert first == second and third.cosine == pytest.approx(first.cosine, rel=1e-12)
+    assert third.rel_l2 == pytest.approx(first.rel_l2, rel=1e-9)
+    assert len(accuracy._PREPARING) == 1  # one compile per pair of dtypes, started once
+
+
+def test_a_compile_that_fails_leaves_the_checks_to_the_torch_path(monkeypatch, fresh_preparation, caplog):
+    def failing(*args):
+        raise RuntimeError("ptxas died")
+
+    monkeypatch.setattr(accuracy, "_prepare_kernel", failing)
+    ref = torch.randn(500)
+    with caplog.at_level("WARNING", logger="ditgate"):
+        assert not accuracy.kernel_ready(ref, ref, wait=True)
+        got = accuracy.compare(ref, ref)
+        again = accuracy.compare(ref, ref)
+    assert got == again and got.cosine == pytest.approx(1.0)
+    assert accuracy._KERNEL_FAILED == ["RuntimeError: ptxas died"]
+    assert caplog.text.count("kernel failed") == 1
+
+
+def test_compile_sums_takes_every_pair_of_dtypes_the_kernel_reads():
+    """What the thread runs (``compile_sums``; interpreted here): every pair of the kernel's dtypes, on the device
+    asked for."""
+    _kernel_on_cpu_or_skip()
+    from ditgate.kernels.accuracy_sums import DTYPES, compile_sums
+    for a in DTYPES:
+        for b in DTYPES:
+            compile_sums(a, b, torch.device("cpu"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,9 @@ CHUNK = 1 << 22  # elements per float64 slice: a few tens of MiB of temporaries 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the one-read kernel reads (exact in float64)
 # why the kernel failed in this process, once it has: the torch path serves every check after that
 _KERNEL_FAILED: list[str] = []
+# the kernel's compile (or load) per (dtype, dtype, device), started in a thread the first time a check needs it
+_PREPARING: dict[tuple, Future] = {}
+_PREPARER: list[ThreadPoolExecutor] = []  # one worker, made at the first need
 logger = logging.getLogger("ditgate")
 
 
@@ -39,6 +43,44 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
+def kernel_ready(a: torch.Tensor, b: torch.Tensor, wait: bool = False) -> bool:
+    """Whether the one-read kernel for these operands' dtypes is compiled for their device. The first time a check
+    asks, the kernel's compile (a fresh process's, about 0.6 s on an H100: a stock forward of Wan 2.1 1.3B) or its
+    load from Triton's cache (milliseconds) starts in a thread, and the torch path serves the checks until it has
+    ended, so that a calibration's first check does not wait for a compile. ``wait``: block until it has ended (a
+    benchmark's or a test's wish). A compile that fails is logged once and leaves every later check to the torch
+    path."""
+    key = (a.dtype, b.dtype, a.device)
+    job = _PREPARING.get(key)
+    if job is None:
+        if not _PREPARER:
+            _PREPARER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ditgate-accuracy"))
+        job = _PREPARING[key] = _PREPARER[0].submit(_prepare_kernel, a.dtype, b.dtype, a.device)
+    if wait:
+        job.exception()  # blocks until it has ended
+    if not job.done():
+        return False
+    exc = job.exception()
+    if exc is not None:
+        if not _KERNEL_FAILED:
+            _kernel_failed(exc)
+        return False
+    return True
+
+
+def _prepare_kernel(a_dtype: torch.dtype, b_dtype: torch.dtype, device: torch.device) -> None:
+    if accuracy_kernel() is None:
+        raise RuntimeError("Triton cannot be imported")
+    from ..kernels.accuracy_sums import compile_sums
+    compile_sums(a_dtype, b_dtype, device)
+
+
+def _kernel_failed(exc: BaseException) -> None:
+    _KERNEL_FAILED.append(f"{type(exc).__name__}: {exc}"[:300])  # a verdict must not fail for the check's sake
+    logger.warning("ditgate: the accuracy check's kernel failed (%s); its torch path serves from now on",
+                   _KERNEL_FAILED[0])
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, kernel: bool | None = None) -> Accuracy:
     """The three measures over every element, with float64 sums. On a GPU, in one read of both outputs
     (``kernels.accuracy_sums``: one launch, where the torch path below takes about twenty kernels and float64 copies
@@ -47,24 +89,25 @@ def compare(out: torch.Tensor, ref: torch.Tensor, kernel: bool | None = None) ->
     HunyuanVideo attention output (207M elements) are 6-7 GB beside a 26 GB model, which the allocator must find at
     every site a contest checks. One host synchronisation at the end. Not finite when either output holds a NaN or
     an infinity: a host output that does passes no form. ``kernel``: force the one-read kernel (True; under Triton's
-    interpreter on a CPU) or the torch path (False); None picks the kernel for CUDA tensors it reads."""
+    interpreter on a CPU) or the torch path (False); None picks the kernel for CUDA tensors it reads once it is
+    compiled (``kernel_ready``)."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from the host's {tuple(ref.shape)}")
     if out.numel() == 0:
         raise ValueError("empty outputs: nothing to compare")
     a_all, b_all = out.detach().reshape(-1), ref.detach().reshape(-1)
-    sums = accuracy_kernel() if kernel or kernel is None and _on_gpu(a_all) and not _KERNEL_FAILED else None
+    picked = (kernel is None and _on_gpu(a_all) and not _KERNEL_FAILED and a_all.dtype in DTYPES
+              and b_all.dtype in DTYPES and kernel_ready(a_all, b_all))
+    sums = accuracy_kernel() if kernel or picked else None
     if kernel and sums is None:
         raise RuntimeError("the accuracy check's kernel cannot be loaded here (Triton missing or failing to import)")
-    if sums is not None and (kernel or a_all.dtype in DTYPES and b_all.dtype in DTYPES):
+    if sums is not None:
         try:
             dot, na2, nb2, d2, not_finite, bmax, bmin = sums(a_all.contiguous(), b_all.contiguous()).tolist()
         except Exception as exc:
             if kernel:
                 raise
-            _KERNEL_FAILED.append(f"{type(exc).__name__}: {exc}"[:300])  # a verdict must not fail for the check's sake
-            logger.warning("ditgate: the accuracy check's kernel failed (%s); its torch path serves from now on",
-                           _KERNEL_FAILED[0])
+            _kernel_failed(exc)
         else:
             return _measures(not_finite == 0, dot, na2, nb2, d2, bmax, bmin, a_all.numel())
     zero = torch.zeros((), dtype=torch.float64, device=a_all.device)

@@ -15,6 +15,8 @@ order of the additions differs from it.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -45,6 +47,16 @@ def _sums_kernel(A, B, PARTIALS, n, BLOCK: tl.constexpr):
     tl.store(out + 4, tl.sum(_not_finite(a) + _not_finite(b), axis=0))
     tl.store(out + 5, tl.max(tl.where(inside, b, float("-inf")), axis=0))
     tl.store(out + 6, tl.min(tl.where(inside, b, float("inf")), axis=0))
+
+
+def compile_sums(a_dtype: torch.dtype, b_dtype: torch.dtype, device: torch.device) -> None:
+    """Compile the kernel for one pair of dtypes on ``device``, or load it from Triton's cache, without running it
+    (``gate.accuracy.kernel_ready`` does this in a thread, ahead of the checks). Any length shares the one kernel
+    (``n`` is not specialised), and fresh allocations share the real operands' alignment."""
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        a, b = torch.empty(BLOCK, dtype=a_dtype, device=device), torch.empty(BLOCK, dtype=b_dtype, device=device)
+        partials = torch.empty((1, SUMS), dtype=torch.float64, device=device)
+        _sums_kernel.warmup(a, b, partials, BLOCK, BLOCK=BLOCK, grid=(1,))
 
 
 def accuracy_sums(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
