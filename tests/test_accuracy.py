@@ -196,6 +196,17 @@ def test_the_first_check_does_not_wait_for_the_kernels_compile(monkeypatch, fres
     assert len(accuracy._PREPARING) == 1  # one compile per pair of dtypes, started once
 
 
+def test_the_first_check_can_wait_for_the_kernel(monkeypatch, fresh_preparation):
+    """``DITGATE_ACCURACY_KERNEL_THREAD=0``: the first check waits for the compile and takes the kernel."""
+    _kernel_on_cpu_or_skip()
+    from ditgate.kernels import accuracy_sums as module
+    real, used = module.accuracy_sums, []
+    monkeypatch.setattr(accuracy, "accuracy_kernel", lambda: lambda a, b: used.append(a.numel()) or real(a, b))
+    monkeypatch.setenv("DITGATE_ACCURACY_KERNEL_THREAD", "0")
+    ref = torch.randn(700)
+    assert accuracy.compare(ref, ref).cosine == pytest.approx(1.0) and used == [700]
+
+
 def test_a_compile_that_fails_leaves_the_checks_to_the_torch_path(monkeypatch, fresh_preparation, caplog):
     def failing(*args):
         raise RuntimeError("ptxas died")

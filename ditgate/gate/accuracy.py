@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -48,15 +49,16 @@ def kernel_ready(a: torch.Tensor, b: torch.Tensor, wait: bool = False) -> bool:
     asks, the kernel's compile (a fresh process's, about 0.6 s on an H100: a stock forward of Wan 2.1 1.3B) or its
     load from Triton's cache (milliseconds) starts in a thread, and the torch path serves the checks until it has
     ended, so that a calibration's first check does not wait for a compile. ``wait``: block until it has ended (a
-    benchmark's or a test's wish). A compile that fails is logged once and leaves every later check to the torch
-    path."""
+    benchmark's or a test's wish; ``DITGATE_ACCURACY_KERNEL_THREAD=0`` makes every check wait, as the first one did
+    before, for a measurement of the difference). A compile that fails is logged once and leaves every later check
+    to the torch path."""
     key = (a.dtype, b.dtype, a.device)
     job = _PREPARING.get(key)
     if job is None:
         if not _PREPARER:
             _PREPARER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ditgate-accuracy"))
         job = _PREPARING[key] = _PREPARER[0].submit(_prepare_kernel, a.dtype, b.dtype, a.device)
-    if wait:
+    if wait or os.environ.get("DITGATE_ACCURACY_KERNEL_THREAD") == "0":
         job.exception()  # blocks until it has ended
     if not job.done():
         return False
