@@ -3,7 +3,8 @@ against a static plan with every linear site on one form and against attention r
 GPU). Each linear site's route is decided at trace time as a constant (``LinearRouter.traced_route``); traced through,
 the decision put its chooser's and forms' Python under guards that every call of the compiled model checks.
 
-    PYTHONPATH=. python benchmarks/experiments/compiled_guards.py [--preset tiny-flux] [--layers N] [--form fp8_linear]
+    PYTHONPATH=. python benchmarks/experiments/compiled_guards.py [--preset tiny-flux] [--layers N] \
+        [--form fp8_linear] [--attention sdpa_math]
 
 Times are medians of --rounds timed batches of --calls forwards each, after warm-up, in one process. The guard
 check is the time of the compiled frame's guards alone (its cache entry's guard manager, called on the frame's
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny-flux")
     parser.add_argument("--layers", type=int, default=None, help="cut each stack of blocks to its first N")
     parser.add_argument("--form", default="fp8_linear")
+    parser.add_argument("--attention", default="sdpa_math", help="the attention form of the routed plans")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
@@ -61,11 +63,11 @@ def main() -> None:
 
     with torch.no_grad():
         measure("stock", "")
-        plan = ditgate.attach(model, forms=["sdpa_math"], measure=False)
+        plan = ditgate.attach(model, forms=[args.attention], measure=False)
         model(**inputs)
         measure("attention routed", "")
         plan.detach()
-        plan = ditgate.attach(model, forms=["sdpa_math"], measure=False,
+        plan = ditgate.attach(model, forms=[args.attention], measure=False,
                               linear=ditgate.LinearSetting(forms=(args.form,)))
         model(**inputs)  # eager: the routes resolve, and forms with state start it
         served = Counter(s.serving for s in plan.report().linear.sites)
