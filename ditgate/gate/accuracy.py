@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,6 +29,7 @@ _KERNEL_FAILED: list[str] = []
 # the kernel's compile (or load) per (dtype, dtype, device), started in a thread the first time a check needs it
 _PREPARING: dict[tuple, Future] = {}
 _PREPARER: list[ThreadPoolExecutor] = []  # one worker, made at the first need
+FIRST_WAIT_S = 0.05  # what the first check waits for the kernel: a load from a cache, not a compile
 logger = logging.getLogger("ditgate")
 
 
@@ -47,17 +50,22 @@ def _on_gpu(t: torch.Tensor) -> bool:
 def kernel_ready(a: torch.Tensor, b: torch.Tensor, wait: bool = False) -> bool:
     """Whether the one-read kernel for these operands' dtypes is compiled for their device. The first time a check
     asks, the kernel's compile (a fresh process's, about 0.6 s on an H100: a stock forward of Wan 2.1 1.3B) or its
-    load from Triton's cache (milliseconds) starts in a thread, and the torch path serves the checks until it has
-    ended, so that a calibration's first check does not wait for a compile. ``wait``: block until it has ended (a
-    benchmark's or a test's wish; ``DITGATE_ACCURACY_KERNEL_THREAD=0`` makes every check wait, as the first one did
-    before, for a measurement of the difference). A compile that fails is logged once and leaves every later check
-    to the torch path."""
+    load (from Triton's cache, or from memory after a contest's compile-ahead step: milliseconds) starts in a
+    thread, and the torch path serves the checks until it has ended, so that a calibration's first check does not
+    wait for a compile; that first check waits ``FIRST_WAIT_S`` for it, which a load takes. ``wait``: block until it
+    has ended (a benchmark's or a test's wish; ``DITGATE_ACCURACY_KERNEL_THREAD=0`` makes every check wait, as the
+    first one did before, for a measurement of the difference). A compile that fails is logged once and leaves
+    every later check to the torch path."""
     key = (a.dtype, b.dtype, a.device)
     job = _PREPARING.get(key)
     if job is None:
         if not _PREPARER:
             _PREPARER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ditgate-accuracy"))
-        job = _PREPARING[key] = _PREPARER[0].submit(_prepare_kernel, a.dtype, b.dtype, a.device)
+        try:
+            job = _PREPARING[key] = _PREPARER[0].submit(_prepare_kernel, a.dtype, b.dtype, a.device)
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            return False
+        futures.wait([job], timeout=FIRST_WAIT_S)
     if wait or os.environ.get("DITGATE_ACCURACY_KERNEL_THREAD") == "0":
         job.exception()  # blocks until it has ended
     if not job.done():
@@ -92,20 +100,21 @@ def compare(out: torch.Tensor, ref: torch.Tensor, kernel: bool | None = None) ->
     every site a contest checks. One host synchronisation at the end. Not finite when either output holds a NaN or
     an infinity: a host output that does passes no form. ``kernel``: force the one-read kernel (True; under Triton's
     interpreter on a CPU) or the torch path (False); None picks the kernel for CUDA tensors it reads once it is
-    compiled (``kernel_ready``)."""
+    compiled (``kernel_ready``). The two paths' figures differ only in the order of their float64 additions."""
     if out.shape != ref.shape:
         raise ValueError(f"output shape {tuple(out.shape)} differs from the host's {tuple(ref.shape)}")
     if out.numel() == 0:
         raise ValueError("empty outputs: nothing to compare")
     a_all, b_all = out.detach().reshape(-1), ref.detach().reshape(-1)
     picked = (kernel is None and _on_gpu(a_all) and not _KERNEL_FAILED and a_all.dtype in DTYPES
-              and b_all.dtype in DTYPES and kernel_ready(a_all, b_all))
+              and b_all.dtype in DTYPES and accuracy_kernel() is not None and kernel_ready(a_all, b_all))
     sums = accuracy_kernel() if kernel or picked else None
     if kernel and sums is None:
         raise RuntimeError("the accuracy check's kernel cannot be loaded here (Triton missing or failing to import)")
     if sums is not None:
         try:
-            dot, na2, nb2, d2, not_finite, bmax, bmin = sums(a_all.contiguous(), b_all.contiguous()).tolist()
+            with torch.cuda.device(a_all.device) if a_all.is_cuda else contextlib.nullcontext():  # its compiled copy
+                dot, na2, nb2, d2, not_finite, bmax, bmin = sums(a_all.contiguous(), b_all.contiguous()).tolist()
         except Exception as exc:
             if kernel:
                 raise

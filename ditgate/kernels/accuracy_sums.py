@@ -50,13 +50,12 @@ def _sums_kernel(A, B, PARTIALS, n, BLOCK: tl.constexpr):
 
 
 def compile_sums(a_dtype: torch.dtype, b_dtype: torch.dtype, device: torch.device) -> None:
-    """Compile the kernel for one pair of dtypes on ``device``, or load it from Triton's cache, without running it
-    (``gate.accuracy.kernel_ready`` does this in a thread, ahead of the checks). Any length shares the one kernel
-    (``n`` is not specialised), and fresh allocations share the real operands' alignment."""
+    """Compile the kernel for one pair of dtypes on ``device``, or load it from Triton's cache, without running it or
+    allocating (``gate.accuracy.kernel_ready`` does this in a thread, ahead of the checks): Triton stands a
+    placeholder at address 0 for each pointer, so the kernel is the one that operands aligned to 16 bytes (any
+    allocation's start) and shorter than 2**31 elements launch; ``n`` is not specialised."""
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        a, b = torch.empty(BLOCK, dtype=a_dtype, device=device), torch.empty(BLOCK, dtype=b_dtype, device=device)
-        partials = torch.empty((1, SUMS), dtype=torch.float64, device=device)
-        _sums_kernel.warmup(a, b, partials, BLOCK, BLOCK=BLOCK, grid=(1,))
+        _sums_kernel.warmup(a_dtype, b_dtype, torch.float64, BLOCK, BLOCK=BLOCK, grid=(1,))
 
 
 def accuracy_sums(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
