@@ -72,7 +72,8 @@ def main() -> None:
         h = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=gen)
-        data, scale = quantize_fp8(w)
+        weights = Fp8RowwiseLinear().quantize(w)  # [N, K] e4m3 and [1, N] scales, as a site keeps them
+        data, scale = weights.data, weights.scale
         row = {"shape": shape, "M": m, "K": k, "N": n}
         with torch.no_grad():
             fn = compiled(gelu)
