@@ -13,8 +13,12 @@ to cast it. On an H100 (round 2l, Wan 10 blocks) that kernel took 1.08 ms per ca
     gelu+quant+mm      compiled GELU, quantization and the FP8 product (graph_serve whole)
     gelu+mm bf16       compiled GELU and the bf16 product (the host)
     gelu+quant, tuned  gelu+quant with inductor's coordinate-descent tuning of the kernel's blocks and warps
+    gelu+quant, recip  gelu+quant with each row's reciprocal scale multiplied in, not divided by per element
+    gelu | quant       compiled GELU, then the quantization compiled as a graph of its own (inductor's standalone
+                       quantization kernel)
 
     PYTHONPATH=. python benchmarks/experiments/quant_fusion.py [--out DIR] [--shapes wan flux] [--no-tuned]
+        [--quantization-only]
 
 Medians of ``triton.testing.do_bench`` (warm-up 25, 100 ms). The generated code of ``gelu+quant`` goes to
 ``DIR/gelu-quant-<shape>.py``; its kernels' launch settings are printed.
@@ -29,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ditgate.forms.linear import Fp8RowwiseLinear, quantize_fp8
+from ditgate.forms.linear import FP8_MAX, Fp8RowwiseLinear, quantize_fp8, rowwise_scale
 
 SHAPES = {"wan": (32760, 8960, 1536), "flux": (4096, 12288, 3072)}  # M, K (the GELU's width), N
 
@@ -38,8 +42,13 @@ def gelu(h: torch.Tensor) -> torch.Tensor:
     return F.gelu(h, approximate="tanh")
 
 
+def quantize_fp8_reciprocal(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forms.linear.quantize_fp8`` with one reciprocal per row multiplied in (a rounding apart per element)."""
+    scale = rowwise_scale(t, FP8_MAX)
+    return (t.float() * scale.reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
 def compiled(fn):
-    torch._dynamo.reset()
     return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
@@ -59,6 +68,7 @@ def main() -> None:
     p.add_argument("--out", default="ditgate-out")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--no-tuned", action="store_true", help="skip the coordinate-descent variant (it tunes for a while)")
+    p.add_argument("--quantization-only", action="store_true", help="skip the variants with products")
     args = p.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,10 +96,15 @@ def main() -> None:
             q_triton, s_triton = quantize_rows(fn(h), True)
             row["same values"] = bool(torch.equal(q_fused.view(torch.uint8), q_triton.view(torch.uint8)))
             row["same scales"] = bool(torch.equal(s_fused, s_triton))
-            whole = compiled(lambda t: Fp8RowwiseLinear.graph_serve(gelu(t), data, scale, None, b, True))
-            row["gelu+quant+mm"] = ms(lambda: whole(h))
-            host = compiled(lambda t: F.linear(gelu(t), w, b))
-            row["gelu+mm bf16"] = ms(lambda: host(h))
+            recip = compiled(lambda t: quantize_fp8_reciprocal(gelu(t)))
+            row["gelu+quant, recip"] = ms(lambda: recip(h))
+            alone = compiled(quantize_fp8)
+            row["gelu | quant"] = ms(lambda: alone(fn(h)))
+            if not args.quantization_only:
+                whole = compiled(lambda t: Fp8RowwiseLinear.graph_serve(gelu(t), data, scale, None, b, True))
+                row["gelu+quant+mm"] = ms(lambda: whole(h))
+                host = compiled(lambda t: F.linear(gelu(t), w, b))
+                row["gelu+mm bf16"] = ms(lambda: host(h))
             if not args.no_tuned:
                 with torch._inductor.config.patch(coordinate_descent_tuning=True):
                     tuned = compiled(lambda t: quantize_fp8(gelu(t)))
