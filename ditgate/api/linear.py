@@ -53,7 +53,8 @@ class LinearPart:
                  route: RouterContext, measuring: bool) -> None:
         self.setting = setting
         self.measuring = measuring
-        self.context = LinearContext(forms=forms, chooser=chooser, route=route, keep_host=setting.keep_host)
+        self.context = LinearContext(forms=forms, chooser=chooser, route=route, keep_host=setting.keep_host,
+                                     quantize_apart=setting.activation_quantization == "apart")
         self.routers: list[LinearRouter] = []
         self._unguard: list = []
 

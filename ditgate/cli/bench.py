@@ -69,6 +69,9 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--linear-forms", nargs="+", default=None, metavar="FORM",
                    help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear; "
                         "fp8_tensor_linear only when named)")
+    m.add_argument("--activation-quantization", choices=("apart", "fused"), default="apart",
+                   help="with --linear, how a compiled graph quantizes an activation's output for the next linear: in a "
+                        "kernel of its own (apart, the default) or fused into the activation's kernel by inductor")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
@@ -302,7 +305,8 @@ def _linear_setting(args):
         if args.linear_forms:
             raise ValueError("--linear-forms needs --linear")
         return None
-    return LinearSetting(forms=tuple(args.linear_forms) if args.linear_forms else None)
+    return LinearSetting(forms=tuple(args.linear_forms) if args.linear_forms else None,
+                         activation_quantization=getattr(args, "activation_quantization", "apart"))
 
 
 def _sparse_setting(args):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import Availability, Precision, Probed
+from .rowwise_op import quantize_apart
 
 # The largest finite values of the two 8-bit formats, the ends of the symmetric scales.
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
@@ -256,12 +257,14 @@ class LinearForm(Probed):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool, apart: bool = False) -> torch.Tensor:
         """``run`` as a compiled graph holds it for a site whose weights are settled: a plain function of tensors (no
         form instance), which every site calls through one constant mapping (``linear_graph.GRAPH_SERVES``), so that
         a graph guards on it once rather than on each site's path to its form's attributes. The instance's
         ``fast_accumulation`` comes in as an argument; a subclass that changes ``run`` (its quantization, its
-        product's dtype) changes this too."""
+        product's dtype) changes this too. ``apart``: a row-wise form quantizes the input in a kernel of its own
+        (``forms.rowwise_op``) instead of torch ops that inductor fuses into the input's producer (a site after an
+        activation); the others ignore it."""
         raise NotImplementedError
 
 
@@ -316,8 +319,8 @@ class Fp8RowwiseLinear(LinearForm):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
-        xq, xs = quantize_activation(x, fp8=True)
+                    bias: torch.Tensor | None, fast_accumulation: bool, apart: bool = False) -> torch.Tensor:
+        xq, xs = quantize_apart(x, True) if apart else quantize_activation(x, fp8=True)
         return fp8_product(xq, xs, x.dtype, data, scale, bias, rowwise_product_dtype(xq, x.dtype),
                            fast_accumulation)
 
@@ -359,8 +362,8 @@ class Int8DynamicLinear(LinearForm):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
-        xq, xs = quantize_activation(x, fp8=False)
+                    bias: torch.Tensor | None, fast_accumulation: bool, apart: bool = False) -> torch.Tensor:
+        xq, xs = quantize_apart(x, False) if apart else quantize_activation(x, fp8=False)
         return int8_product(xq, xs, x.dtype, data, scale, bias)
 
 
@@ -403,7 +406,7 @@ class Fp8TensorwiseLinear(Fp8RowwiseLinear):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool, apart: bool = False) -> torch.Tensor:
         xq, xs = quantize_fp8_tensor(x)
         return fp8_product(xq, xs, x.dtype, data, scale, bias, x.dtype, fast_accumulation)
 

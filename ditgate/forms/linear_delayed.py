@@ -80,7 +80,7 @@ class Fp8DelayedLinear(Fp8TensorwiseLinear):
 
     @staticmethod
     def graph_serve(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, state: torch.Tensor | None,
-                    bias: torch.Tensor | None, fast_accumulation: bool) -> torch.Tensor:
+                    bias: torch.Tensor | None, fast_accumulation: bool, apart: bool = False) -> torch.Tensor:
         xq, xs = quantize_at_history(x, state)
         return fp8_product(xq, xs, x.dtype, data, scale, bias, x.dtype, fast_accumulation)
 

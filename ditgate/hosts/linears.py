@@ -18,6 +18,12 @@ Roles, read from where the linear sits (never from class names):
 - ``feed-forward``: any other linear inside a transformer block (a module holding an attention module).
 - ``embedding`` / ``output``: outside every block, before the last block's modules (patch, text, time embedders)
   or after them (the final projection).
+
+A site is also marked ``after_activation`` where its input is an activation's output by structure: a linear in a
+sequence (``nn.ModuleList`` / ``nn.Sequential``, diffusers' ``FeedForward.net``) whose nearest earlier member, past
+dropouts, is not a linear: an activation module, with or without its own projection (diffusers' GELU holds the
+up projection). That is the feed-forward's down projection, where a compiled graph computes the activation again to
+quantize the linear's input (``forms.linear`` quantizes such an input in a kernel of its own).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ ATTENTION_ROLES = {
 TOKEN_ROLES: tuple[str, ...] = tuple(dict.fromkeys(ATTENTION_ROLES.values())) + ("feed-forward",)
 ALL_ROLES: tuple[str, ...] = TOKEN_ROLES + ("attn.other", "modulation", "embedding", "output")
 _ACTIVATIONS = (torch.nn.SiLU, torch.nn.GELU, torch.nn.ReLU, torch.nn.Tanh, torch.nn.Mish, torch.nn.Sigmoid)
+_PASS_THROUGH = (torch.nn.Dropout, torch.nn.Identity)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class LinearSite:
     path: str
     module: torch.nn.Linear
     role: str
+    after_activation: bool = False  # its input is an activation's output (see the module docstring)
 
 
 def is_plain_linear(module: torch.nn.Module) -> bool:
@@ -88,8 +96,25 @@ def find_linear_sites(model: torch.nn.Module, prefix: str = "") -> list[LinearSi
         elif name in wrapped:
             continue  # a wrapper that is itself a linear: its base layer is the site
         found.append(LinearSite(_join(prefix, logical), module, _role(logical, name, modules, attention, blocks,
-                                                                   order[name] < last_in_block)))
+                                                                   order[name] < last_in_block),
+                                _after_activation(logical, modules)))
     return found
+
+
+def _after_activation(logical: str, modules: dict) -> bool:
+    """Whether the linear at ``logical`` takes an activation's output: in a sequence, its nearest earlier member past
+    dropouts is an activation (a parameter-free one, or one holding its own projection) rather than a linear."""
+    parent_name, _, index = logical.rpartition(".")
+    parent = modules.get(parent_name)
+    if not isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)) or not index.isdigit():
+        return False
+    for member in reversed(list(parent)[:int(index)]):
+        if isinstance(member, _PASS_THROUGH):
+            continue
+        if isinstance(member, torch.nn.Linear) or isinstance(getattr(member, "base_layer", None), torch.nn.Linear):
+            return False
+        return isinstance(member, _ACTIVATIONS) or any(isinstance(m, torch.nn.Linear) for m in member.modules())
+    return False
 
 
 def _role(logical: str, name: str, modules: dict, attention: list[str], blocks: set[str], before: bool) -> str:

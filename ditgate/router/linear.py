@@ -51,6 +51,9 @@ class LinearContext:
     chooser: LinearChooser
     route: RouterContext
     keep_host: str = "cpu"
+    # a compiled graph quantizes an activation's output in a kernel of its own
+    # (``LinearSetting.activation_quantization``)
+    quantize_apart: bool = True
 
 
 def _compiling() -> bool:
@@ -62,6 +65,7 @@ class LinearRouter:
         self.context = context
         self.name = site.path
         self.role = site.role
+        self.after_activation = site.after_activation
         self.module = site.module
         self.custody = WeightCustody(site.path, site.module)
         self.ledger = SiteLedger(max_failures=context.route.max_failures)
@@ -118,6 +122,13 @@ class LinearRouter:
         if key not in self._reasons:
             self._reasons[key] = tuple(self.context.forms[form].not_supported_reasons(call))
         return self._reasons[key]
+
+    @property
+    def quantizes_apart(self) -> bool:
+        """Whether a compiled graph quantizes this site's input in a kernel of its own (an activation's output, and
+        the plan's ``activation_quantization`` "apart"): what its row-wise forms' ``graph_serve`` does, and why a
+        plan for a compiled model times their calls here whole."""
+        return self.after_activation and self.context.quantize_apart
 
     def describe(self, x: torch.Tensor) -> LinearCall:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.custody.requires_grad)
@@ -215,9 +226,9 @@ class LinearRouter:
         fails inside the compiler's own tracing fails the compile). A site whose weights are
         settled runs its form's ``graph_serve`` on the module's payload buffers, reached through one constant mapping
         (``forms.linear_graph``): no guard on this site's path to the form or to the weights' holder."""
-        name, _, dtypes, fast = self.traced_route(self.context.route.generation, self.name, plain_sizes(x.shape),
-                                                  x.dtype, x.device, bool(x.requires_grad), torch.is_grad_enabled(),
-                                                  torch.is_autocast_enabled(x.device.type))
+        name, _, dtypes, fast, apart = self.traced_route(
+            self.context.route.generation, self.name, plain_sizes(x.shape), x.dtype, x.device, bool(x.requires_grad),
+            torch.is_grad_enabled(), torch.is_autocast_enabled(x.device.type))
         if name is None:
             return self.run_host(x)
         try:
@@ -227,7 +238,7 @@ class LinearRouter:
             buffers = module._buffers
             data, scale = buffers[PAYLOAD_DATA].view(dtypes[0]), buffers[PAYLOAD_SCALE].view(dtypes[1])
             state = buffers[PAYLOAD_STATE].view(dtypes[2]) if dtypes[2] is not None else None
-            out = GRAPH_SERVES[name](x.reshape(-1, x.shape[-1]), data, scale, state, module.bias, fast)
+            out = GRAPH_SERVES[name](x.reshape(-1, x.shape[-1]), data, scale, state, module.bias, fast, apart)
             return out.reshape(*x.shape[:-1], out.shape[-1])
         except Exception:
             return self.run_host(x)
@@ -235,10 +246,11 @@ class LinearRouter:
     @torch._dynamo.assume_constant_result
     def traced_route(self, generation: int, site: str, shape: tuple[int, ...], dtype: torch.dtype,
                      device: torch.device, requires_grad: bool, grad_enabled: bool,
-                     autocast: bool) -> tuple[str | None, str, tuple[torch.dtype, ...] | None, bool]:
+                     autocast: bool) -> tuple[str | None, str, tuple[torch.dtype, ...] | None, bool, bool]:
         """At trace time, eagerly: the form a compiled graph calls for this call, or None for the host, and why; the
         dtypes of the form's weights where they are settled in the module's payload buffers (data, scale, state or
-        None; None where they are not); and the form's ``fast_accumulation``. ``generation`` (the plan's, unique
+        None; None where they are not); the form's ``fast_accumulation``; and whether the input is quantized in a
+        kernel of its own (``quantizes_apart``). ``generation`` (the plan's, unique
         among the process's plans) and ``site`` (this router's name) are read in the trace, so dynamo guards on both:
         a new verdict, a disabled form, a settled site, a new mode or another plan traces again, and a graph that
         two modules share (the same code compiled twice) is not reused for a site it was not traced for. Nothing is
@@ -248,7 +260,7 @@ class LinearRouter:
         self.ledger.traced(name or HOST, why)  # what the graph holds here, counted per trace (its calls are not)
         settled = name is not None and name == self.custody.payload_form
         fast = bool(getattr(self.context.forms[name], "fast_accumulation", False)) if name is not None else False
-        return name, why, self.custody.payload_dtypes() if settled else None, fast
+        return name, why, self.custody.payload_dtypes() if settled else None, fast, self.quantizes_apart
 
     def _route_of(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, requires_grad: bool,
                   grad_enabled: bool, autocast: bool) -> tuple[str | None, str]:

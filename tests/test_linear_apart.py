@@ -1,0 +1,114 @@
+"""A linear site whose input is an activation's output (the feed-forward's down projection): found by structure, its
+input quantized in a kernel of its own inside a compiled graph (``ditgate::rowwise_quant``) rather than fused into
+the activation's kernel, and timed whole by a plan for a compiled model."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import ditgate
+from ditgate.gate import PROFILES
+from ditgate.gate.linear import COMPILED_TIMING, LinearSetting
+from ditgate.hosts.linears import find_linear_sites
+
+from .helpers import Tiny, model_output
+
+LENIENT = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2, screen_margin=None)
+
+
+@pytest.mark.parametrize("family", ["tiny-wan", "tiny-flux", "tiny-ltx"])
+def test_the_feed_forwards_down_projection_is_found_after_its_activation(family):
+    sites = find_linear_sites(Tiny(family).model)
+    after = {s.path for s in sites if s.after_activation}
+    assert after and all(p.endswith(".net.2") for p in after)
+    assert all(s.role == "feed-forward" for s in sites if s.after_activation)
+    ups = [s for s in sites if s.path.endswith(".net.0.proj")]
+    assert ups and not any(s.after_activation for s in ups)  # the up projection takes the block's stream
+
+
+def test_the_structure_decides_not_the_class_names():
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Dropout(0.0), torch.nn.Linear(32, 8))
+    chain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.0), torch.nn.Linear(8, 8))
+    assert [s.after_activation for s in find_linear_sites(mlp)] == [False, True]
+    assert [s.after_activation for s in find_linear_sites(chain)] == [False, False]  # a linear's output, not an activation's
+
+
+def _quantization_ops(model, inputs) -> int:
+    """How many ``ditgate::rowwise_quant`` calls one compile of ``model`` puts in its graphs."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=keep)(**inputs)
+    torch._dynamo.reset()
+    op = torch.ops.ditgate.rowwise_quant
+    return sum(1 for g in graphs for n in g.graph.nodes if n.target in (op, op.default))
+
+
+@pytest.mark.parametrize("form", ["int8_linear", "fp8_linear"])
+def test_a_compiled_graph_quantizes_an_activations_output_in_its_own_op(form):
+    from ditgate.forms.linear import create_linear_forms
+
+    avail = create_linear_forms([form])[form].availability()
+    if not avail.available:
+        pytest.skip(avail.reason)
+    tiny = Tiny("tiny-wan")
+    after = [s.path for s in find_linear_sites(tiny.model) if s.after_activation]
+    counts = {}
+    for how in ("apart", "fused"):
+        with torch.no_grad():
+            plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False,
+                                  linear=LinearSetting(forms=(form,), activation_quantization=how))
+            eager = tiny.forward()  # the routes resolve; the weights settle
+            served = {s.name for s in plan.report().linear.sites if s.serving == form}
+            counts[how] = _quantization_ops(tiny.model, tiny.inputs)
+            compiled = model_output(torch.compile(tiny.model)(**tiny.inputs))
+            plan.detach()
+            torch._dynamo.reset()
+        assert torch.allclose(compiled.float(), eager.float(), rtol=0, atol=2e-2), how
+    assert set(after) <= served
+    assert counts == {"apart": len(after), "fused": 0}
+
+
+def _timing_variants(tiny: Tiny, how: str) -> tuple[set, set]:
+    """The timing variants the gate used for ``int8_linear`` in a plan made for a compiled model: at the down
+    projections' shape keys, and everywhere (in tiny Wan the up projections and the attention's share that key)."""
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["sdpa_math"], timing_cache=False, progress=False,
+                          linear=LinearSetting(forms=("int8_linear",), compiled=True, activation_quantization=how))
+    tiny.forward()
+    down_keys = {key for r in plan.linear.routers if r.after_activation for key in r.shapes}
+    entries = [k for k in plan.chooser.book._entries if k.form == "int8_linear"]
+    plan.detach()
+    return {k.variant for k in entries if k.shape_key in down_keys}, {k.variant for k in entries}
+
+
+def test_a_plan_for_a_compiled_model_times_a_site_quantizing_apart_whole():
+    """Its graph runs the quantization as a kernel of its own, so the product alone would flatter it; the sites
+    whose quantization fuses keep the product-alone timing, even at the same shape key."""
+    tiny = Tiny("tiny-wan")
+    down, every = _timing_variants(tiny, "apart")
+    assert down == {"", COMPILED_TIMING} and every == {"", COMPILED_TIMING}
+    down, every = _timing_variants(tiny, "fused")
+    assert down == every == {COMPILED_TIMING}
+
+
+def test_an_unknown_activation_quantization_is_refused():
+    with pytest.raises(ValueError, match="activation_quantization"):
+        LinearSetting(activation_quantization="later")
+
+
+def test_the_op_matches_the_torch_quantization_and_its_fake():
+    from ditgate.forms.linear import quantize_fp8, quantize_int8
+
+    x = torch.randn(6, 48, dtype=torch.bfloat16).t().contiguous().t()  # any strides
+    for fp8, reference in ((True, quantize_fp8), (False, quantize_int8)):
+        values, scales = torch.ops.ditgate.rowwise_quant(x, fp8)
+        want_values, want_scales = reference(x)
+        assert torch.equal(values.view(torch.uint8) if fp8 else values,
+                           want_values.view(torch.uint8) if fp8 else want_values)
+        assert torch.equal(scales, want_scales.reshape(-1, 1))
+        torch.library.opcheck(torch.ops.ditgate.rowwise_quant.default, (x, fp8))
