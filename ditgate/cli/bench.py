@@ -69,7 +69,7 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--linear-forms", nargs="+", default=None, metavar="FORM",
                    help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear; "
                         "fp8_tensor_linear only when named)")
-    m.add_argument("--activation-quantization", choices=("apart", "fused"), default="apart",
+    m.add_argument("--activation-quantization", choices=("apart", "fused"), default=None,
                    help="with --linear, how a compiled graph quantizes an activation's output for the next linear: in a "
                         "kernel of its own (apart, the default) or fused into the activation's kernel by inductor")
     m.add_argument("--gpu-busy", action="store_true",
@@ -302,11 +302,11 @@ def _linear_setting(args):
     from ..gate.linear import LinearSetting
 
     if not args.linear:
-        if args.linear_forms:
-            raise ValueError("--linear-forms needs --linear")
+        if args.linear_forms or getattr(args, "activation_quantization", None):
+            raise ValueError("--linear-forms and --activation-quantization need --linear")
         return None
     return LinearSetting(forms=tuple(args.linear_forms) if args.linear_forms else None,
-                         activation_quantization=getattr(args, "activation_quantization", "apart"))
+                         activation_quantization=getattr(args, "activation_quantization", None) or "apart")
 
 
 def _sparse_setting(args):

@@ -232,12 +232,14 @@ class LinearRouter:
         if name is None:
             return self.run_host(x)
         try:
-            if dtypes is None:  # weights made while measuring, not settled in the module
-                return self.run_form(self.context.forms[name], x, self.weights_for(name))
             module = self.module
-            buffers = module._buffers
-            data, scale = buffers[PAYLOAD_DATA].view(dtypes[0]), buffers[PAYLOAD_SCALE].view(dtypes[1])
-            state = buffers[PAYLOAD_STATE].view(dtypes[2]) if dtypes[2] is not None else None
+            if dtypes is None:  # weights made while measuring, not settled in the module: read where they are kept
+                weights = self.weights_for(name)
+                data, scale, state = weights.data, weights.scale, weights.state
+            else:
+                buffers = module._buffers
+                data, scale = buffers[PAYLOAD_DATA].view(dtypes[0]), buffers[PAYLOAD_SCALE].view(dtypes[1])
+                state = buffers[PAYLOAD_STATE].view(dtypes[2]) if dtypes[2] is not None else None
             out = GRAPH_SERVES[name](x.reshape(-1, x.shape[-1]), data, scale, state, module.bias, fast, apart)
             return out.reshape(*x.shape[:-1], out.shape[-1])
         except Exception:
