@@ -18,6 +18,15 @@ def test_linear_rows_stand_beside_each_bounded_row():
         ditgate_rows(["quality"], linear=LinearSetting())
 
 
+def test_both_activation_quantizations_make_a_linear_row_each_for_one_run():
+    apart, fused = LinearSetting(), LinearSetting(activation_quantization="fused")
+    rows = ditgate_rows(["speed"], linear=[apart, fused])
+    assert [r.key for r in rows] == ["speed", "speed +linear", "speed +linear fused"]
+    assert rows[1].linear == apart and rows[2].linear == fused
+    with pytest.raises(ValueError, match="twice"):
+        ditgate_rows(["speed"], linear=[fused, fused])
+
+
 def test_resident_weight_bytes_count_the_8_bit_weights_in_place_of_the_hosts():
     tiny = Tiny("tiny-wan")
     device = torch.device("cpu")

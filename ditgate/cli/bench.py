@@ -69,9 +69,10 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--linear-forms", nargs="+", default=None, metavar="FORM",
                    help="with --linear, the linear forms the gate may measure (default: fp8_linear int8_linear; "
                         "fp8_tensor_linear only when named)")
-    m.add_argument("--activation-quantization", choices=("apart", "fused"), default=None,
+    m.add_argument("--activation-quantization", nargs="+", choices=("apart", "fused"), default=None,
                    help="with --linear, how a compiled graph quantizes an activation's output for the next linear: in a "
-                        "kernel of its own (apart, the default) or fused into the activation's kernel by inductor")
+                        "kernel of its own (apart, the default) or fused into the activation's kernel by inductor; "
+                        "both: a linear row of each, interleaved in one run")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
@@ -188,7 +189,7 @@ def _run_model(args) -> int:
     device, dtype, out = _setup(args)
     preset = get_preset(args.preset)
     try:
-        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static, _linear_setting(args))
+        rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static, _linear_settings(args))
         if args.only:
             rows_wanted = [r for r in rows_wanted if any(text in r.name for text in args.only)]
             if not rows_wanted:
@@ -297,16 +298,18 @@ def _run_calibration(args) -> int:
     return 0
 
 
-def _linear_setting(args):
-    """The linear setting from ``--linear`` / ``--linear-forms``, or None; ValueError on bad values."""
+def _linear_settings(args):
+    """The linear settings from ``--linear`` / ``--linear-forms`` / ``--activation-quantization`` (one per way of
+    quantizing an activation's output), or None; ValueError on bad values."""
     from ..gate.linear import LinearSetting
 
     if not args.linear:
         if args.linear_forms or getattr(args, "activation_quantization", None):
             raise ValueError("--linear-forms and --activation-quantization need --linear")
         return None
-    return LinearSetting(forms=tuple(args.linear_forms) if args.linear_forms else None,
-                         activation_quantization=getattr(args, "activation_quantization", None) or "apart")
+    forms = tuple(args.linear_forms) if args.linear_forms else None
+    ways = getattr(args, "activation_quantization", None) or ["apart"]
+    return [LinearSetting(forms=forms, activation_quantization=way) for way in dict.fromkeys(ways)]
 
 
 def _sparse_setting(args):

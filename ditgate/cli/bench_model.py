@@ -164,21 +164,35 @@ class DitgateRow:
 
 
 def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
-                 static_forms: Sequence[str] = (), linear: LinearSetting | None = None) -> list[DitgateRow]:
+                 static_forms: Sequence[str] = (),
+                 linear: LinearSetting | Sequence[LinearSetting] | None = None) -> list[DitgateRow]:
     """A row per profile; with ``sparse``, one more per profile that allows bounded forms (the sparse forms
     are bounded-error) and one per ``static_forms``; with ``linear``, beside each measured row of a profile that
-    allows bounded forms, the same row with the linear sites routed too ("... +linear"). Raises ValueError where a
-    sparse or linear row was asked for and none can be made, before any model is built."""
+    allows bounded forms, the same row with the linear sites routed too ("... +linear"), once per setting where
+    several are given (the later ones named by how they quantize an activation's output: "... +linear fused"), so
+    that one run interleaves them. Raises ValueError where a sparse or linear row was asked for and none can be
+    made, before any model is built."""
     rows = _sparse_rows(profiles, sparse, static_forms)
     if linear is None:
         return rows
-    twins = [dataclasses.replace(r, key=f"{r.key} +linear", linear=linear) for r in rows
-             if r.static_form is None and r.profile != "quality"
-             and Precision.BOUNDED in resolve_profile(r.profile).precisions]
-    if not twins:
+    settings = [linear] if isinstance(linear, LinearSetting) else list(linear)
+    if any(settings.count(s) > 1 for s in settings):
+        raise ValueError("the same linear setting twice would make the same rows twice")
+
+    def suffix(i: int, setting: LinearSetting) -> str:
+        return " +linear" if i == 0 else f" +linear {setting.activation_quantization}"
+
+    bounded = [r for r in rows if r.static_form is None and r.profile != "quality"
+               and Precision.BOUNDED in resolve_profile(r.profile).precisions]
+    if not bounded or not settings:
         raise ValueError(f"linear forms are bounded-error; none of the profiles {list(profiles)} allows them "
                          "(add balanced or speed)")
-    return [r for row in rows for r in (row, *[t for t in twins if t.key == f"{row.key} +linear"])]
+    out = []
+    for row in rows:
+        out.append(row)
+        if row in bounded:
+            out += [dataclasses.replace(row, key=row.key + suffix(i, s), linear=s) for i, s in enumerate(settings)]
+    return out
 
 
 def _sparse_rows(profiles: Sequence[str], sparse: SparseSetting | None,
