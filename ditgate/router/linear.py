@@ -136,7 +136,7 @@ class LinearRouter:
 
     def run_form(self, form: LinearForm, x: torch.Tensor, weights: QuantizedWeight) -> torch.Tensor:
         out = form.run(x.reshape(-1, x.shape[-1]), weights, self.module.bias)
-        if form.needs_eager_call and not _compiling() and form.name not in self.eager_served:
+        if form.needs_eager_call and form.name not in self.eager_served:  # eager only: a trace runs _traced
             self.eager_served.add(form.name)
             self.context.route.invalidate()  # a graph traced before this call kept the host here: trace again
         return out.reshape(*x.shape[:-1], out.shape[-1])
