@@ -9,6 +9,12 @@ A plan is ``LINEAR[@ATTENTION]``: the linear form at every per-token linear (``h
 at every attention site (default ``sdpa_cudnn``, the host's own kernel). Per plan: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
 top ops of one routed forward by host time and by device time. The whole-model check of a plan for eager use times
 forwards like these; until db2dc82 it timed them for a plan made for a compiled model too.
+
+``--gaps`` adds, for stock and each plan, where one forward's device time goes: the span from its first kernel's
+start to its last kernel's end, the time some kernel ran (busy) and the idle rest, the kernels' time per family
+(attention, matrix products, inductor's Triton kernels, ditgate's Triton kernels, the rest), and the longest idle
+gaps with the kernels either side. A compiled forward whose wall time exceeds its device time either starts its
+kernels late (host-bound: the gaps say after which kernel) or waits outside them.
 """
 
 import argparse
@@ -46,6 +52,48 @@ def graph_skips(before: int = 0) -> tuple[str, int]:
     return (f"; {skips - before} graph(s) skipped CUDA graphs" if skips > before else ""), skips
 
 
+FAMILIES = (  # the first pattern a kernel's name contains names its family
+    ("attention", ("flash", "fmha", "attn", "attention", "cudnn", "sdpa")),
+    ("products", ("gemm", "cutlass", "nvjet", "sm90_xmma", "scaled_mm", "matmul", "_mm_")),
+    ("inductor", ("triton_",)),
+    ("ditgate triton", ("_kernel",)),
+)
+
+
+def family(name: str) -> str:
+    lowered = name.lower()
+    for label, patterns in FAMILIES:
+        if any(pattern in lowered for pattern in patterns):
+            return label
+    return "other"
+
+
+def device_gaps(events, show: int = 8) -> str:
+    """The device's span, busy and idle time over one profiled forward, per kernel family, and the ``show`` longest
+    idle gaps (µs) with the kernels before and after each."""
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        return "no device events"
+    busy, gaps, end, before = 0.0, [], kernels[0].time_range.start, None
+    per_family = Counter()
+    for event in kernels:
+        start, stop = event.time_range.start, event.time_range.end
+        per_family[family(event.name)] += stop - start
+        if start > end:
+            gaps.append((start - end, before.name if before else "", event.name))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, before = stop, event
+    span = end - kernels[0].time_range.start
+    lines = [f"span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, idle {(span - busy) / 1e3:.2f} ms "
+             f"in {len(gaps)} gaps; kernel ms by family: "
+             + ", ".join(f"{label} {us / 1e3:.2f}" for label, us in per_family.most_common())]
+    for gap, after, next_ in sorted(gaps, reverse=True)[:show]:
+        lines.append(f"  idle {gap:8.1f} us after {after[:60]!r} before {next_[:60]!r}")
+    return "\n".join(lines)
+
+
 def plan_routes(plan) -> str:
     """"sdpa_cudnn 16, linear fp8_linear 128, linear host 42": what served each site most (after a forward)."""
     report = plan.report()
@@ -62,6 +110,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--gaps", action="store_true", help="the device's idle gaps and kernel families per forward")
     parser.add_argument("--compile", nargs="?", const="default", default=None,
                         help="time and profile compiled forwards, in this torch.compile mode (default: default)")
     args = parser.parse_args()
@@ -81,12 +130,14 @@ def main() -> None:
             torch._dynamo.reset()
             runner["model"] = torch.compile(model, mode=args.compile)
 
-    def profiled():  # one forward under torch.profiler: its op table, and how many device events it launched
+    def profiled(label: str):  # one forward under torch.profiler: its op table, and how many device events it launched
         torch.cuda.synchronize() if DEVICE == "cuda" else None
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             forward()
             torch.cuda.synchronize() if DEVICE == "cuda" else None
         table = prof.key_averages()
+        if args.gaps:
+            print(f"== {label}: device {device_gaps(prof.events())}")
         return table, sum(e.count for e in table if e.device_type == torch.autograd.DeviceType.CUDA)
 
     compiled()
@@ -94,7 +145,7 @@ def main() -> None:
         forward()
     stock = statistics.median(timed(forward) for _ in range(args.rounds))  # before any plan: nothing to suspend
     skipped, count = graph_skips()
-    print(f"== stock: {stock:.2f} ms, {profiled()[1]} device events in one forward{skipped}")
+    print(f"== stock: {stock:.2f} ms, {profiled('stock')[1]} device events in one forward{skipped}")
     for form in args.plans:
         runner["model"] = model
         linear, _, attention = form.partition("@")
@@ -108,7 +159,7 @@ def main() -> None:
             forward()
         routed = statistics.median(timed(forward) for _ in range(args.rounds))
         print(f"== {form}: routed {routed:.2f} ms, stock {stock:.2f} ms ({stock / routed:.3f}x); one routed forward:")
-        table, events = profiled()
+        table, events = profiled(form)
         print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
         print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
         skipped, count = graph_skips(count)
