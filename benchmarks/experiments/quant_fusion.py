@@ -16,11 +16,6 @@ to cast it. On an H100 (round 2l, Wan 10 blocks) that kernel took 1.08 ms per ca
     gelu+quant, recip  gelu+quant with each row's reciprocal scale multiplied in, not divided by per element
     gelu | quant       compiled GELU, then the quantization compiled as a graph of its own (inductor's standalone
                        quantization kernel)
-    gelu, triton quant 1r   compiled GELU, then the Triton quantization reading each row once (``one_block``)
-    triton gelu+quant  GELU and the quantization in one Triton launch from ``h`` (``activation="gelu_tanh"``): the
-                       down projection's input made and quantized in one read of the up projection's output
-    triton gelu+quant 1r    the same, each row read once
-    triton gelu+quant+mm    that launch and the FP8 product (eager: what a feed-forward that fused them would run)
 
     PYTHONPATH=. python benchmarks/experiments/quant_fusion.py [--out DIR] [--shapes wan flux] [--no-tuned]
         [--quantization-only]
@@ -38,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ditgate.forms.linear import FP8_MAX, Fp8RowwiseLinear, fp8_product, quantize_fp8, rowwise_scale
+from ditgate.forms.linear import FP8_MAX, Fp8RowwiseLinear, quantize_fp8, rowwise_scale
 
 SHAPES = {"wan": (32760, 8960, 1536), "flux": (4096, 12288, 3072)}  # M, K (the GELU's width), N
 
@@ -105,22 +100,11 @@ def main() -> None:
             row["gelu+quant, recip"] = ms(lambda: recip(h))
             alone = compiled(quantize_fp8)
             row["gelu | quant"] = ms(lambda: alone(fn(h)))
-            row["gelu, triton quant 1r"] = ms(lambda: quantize_rows(fn(h), True, one_block=True))
-            row["triton gelu+quant"] = ms(lambda: quantize_rows(h, True, activation="gelu_tanh"))
-            row["triton gelu+quant 1r"] = ms(lambda: quantize_rows(h, True, activation="gelu_tanh", one_block=True))
-            q_act, s_act = quantize_rows(h, True, activation="gelu_tanh", one_block=True)
-            row["triton gelu+quant: same values as gelu, triton quant"] = float(
-                (q_act.view(torch.uint8) == q_triton.view(torch.uint8)).float().mean())
             if not args.quantization_only:
                 whole = compiled(lambda t: Fp8RowwiseLinear.graph_serve(gelu(t), data, scale, None, b, True))
                 row["gelu+quant+mm"] = ms(lambda: whole(h))
                 host = compiled(lambda t: F.linear(gelu(t), w, b))
                 row["gelu+mm bf16"] = ms(lambda: host(h))
-
-                def fused_eager():
-                    xq, xs = quantize_rows(h, True, activation="gelu_tanh", one_block=True)
-                    return fp8_product(xq, xs, h.dtype, data, scale, b, torch.bfloat16, True)
-                row["triton gelu+quant+mm"] = ms(fused_eager)
             if not args.no_tuned:
                 with torch._inductor.config.patch(coordinate_descent_tuning=True):
                     tuned = compiled(lambda t: quantize_fp8(gelu(t)))
@@ -133,8 +117,7 @@ def main() -> None:
         for line in kernel_settings("\n\n".join(codes)):
             print("   ", line)
     (out_dir / "quant-fusion.json").write_text(json.dumps(rows, indent=1))
-    names = [key for key in rows[0] if key not in ("shape", "M", "K", "N") and not key.startswith("same")
-             and ": same" not in key]
+    names = [key for key in rows[0] if key not in ("shape", "M", "K", "N", "same values", "same scales")]
     print(f"{'variant':24}" + "".join(f"{r['shape']:>12}" for r in rows) + "   (ms, median)")
     for name in names:
         print(f"{name:24}" + "".join(f"{r.get(name, float('nan')):12.4f}" for r in rows))

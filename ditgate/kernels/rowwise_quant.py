@@ -19,7 +19,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from .fp8_heads import _on_e4m3_grid
 
@@ -38,113 +37,49 @@ def _round_half_even(y):
     return tl.where(tie & odd, r - 1.0, r)
 
 
-ACTIVATIONS = {None: 0, "gelu_tanh": 1, "gelu": 2}  # what ``quantize_rows`` can apply before quantizing
-MAX_ONE_BLOCK = 16384  # a row up to this long is read once, held in registers (padded to a power of two)
-
-
-@triton.jit
-def _tanh(u, EXACT: tl.constexpr):
-    """libdevice's tanhf on a GPU (what torch's GELU calls); under the interpreter, which has no libdevice, from
-    exp(-2|u|), which neither overflows nor cancels (a last bit apart from tanhf's now and then)."""
-    if EXACT:
-        return libdevice.tanh(u)
-    e = tl.exp(-2.0 * tl.abs(u))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(u < 0, -t, t)
-
-
-@triton.jit
-def _activated(x, ACT: tl.constexpr, EXACT: tl.constexpr, OUT_TY: tl.constexpr):
-    """``x`` (float32) through the activation ``ACT`` (0: none; 1: GELU, tanh approximation; 2: GELU, erf), rounded
-    to ``OUT_TY`` and back, as torch's GELU rounds its output to the input's dtype before anything reads it. Not
-    ``EXACT`` (the interpreter, whose cast to bfloat16 truncates): bfloat16's rounding to nearest even done on the
-    bits first."""
-    if ACT == 1:
-        x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x), EXACT))
-    elif ACT == 2:
-        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    if ACT != 0:
-        if not EXACT and OUT_TY == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            x = bits.to(tl.float32, bitcast=True)
-        x = x.to(OUT_TY).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _store_rows(Q, out, cols, inside, y, LARGEST: tl.constexpr, FP8: tl.constexpr, GRID_FIRST: tl.constexpr):
-    y = tl.minimum(tl.maximum(y, -LARGEST), LARGEST)
-    if FP8:
-        if GRID_FIRST:
-            y = _on_e4m3_grid(y)
-        tl.store(Q + out + cols[None, :], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=inside)
-    else:
-        tl.store(Q + out + cols[None, :], _round_half_even(y).to(tl.int8), mask=inside)
-
-
 @triton.jit
 def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.constexpr, GRID_FIRST: tl.constexpr,
-                    ACT: tl.constexpr, EXACT: tl.constexpr, ONE_BLOCK: tl.constexpr, BM: tl.constexpr,
-                    BK: tl.constexpr):
-    """Rows ``BM`` at a time: each row's absmax, then its values over the scale. ``ONE_BLOCK`` (BK >= K): the row is
-    read once and kept; otherwise a loop over K finds the absmax and a second loop reads the row again to cast it,
-    applying the activation again there."""
+                    BM: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     inside_rows = rows < M
     base = rows.to(tl.int64)[:, None] * sxm
-    out = rows.to(tl.int64)[:, None] * K
-    if ONE_BLOCK:
-        cols = tl.arange(0, BK)
+    amax = tl.zeros([BM], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
         x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
-        x = _activated(x, ACT, EXACT, X.dtype.element_ty)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=1) / LARGEST, 1e-12)
-        tl.store(S + rows, scale, mask=inside_rows)
-        _store_rows(Q, out, cols, inside, tl.math.div_rn(x, scale[:, None]), LARGEST, FP8, GRID_FIRST)
-    else:
-        amax = tl.zeros([BM], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            cols = k0 + tl.arange(0, BK)
-            inside = inside_rows[:, None] & (cols[None, :] < K)
-            x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(_activated(x, ACT, EXACT, X.dtype.element_ty)), axis=1))
-        scale = tl.maximum(amax / LARGEST, 1e-12)
-        tl.store(S + rows, scale, mask=inside_rows)
-        for k0 in range(0, K, BK):
-            cols = k0 + tl.arange(0, BK)
-            inside = inside_rows[:, None] & (cols[None, :] < K)
-            x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
-            x = _activated(x, ACT, EXACT, X.dtype.element_ty)
-            _store_rows(Q, out, cols, inside, tl.math.div_rn(x, scale[:, None]), LARGEST, FP8, GRID_FIRST)  # IEEE
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+    scale = tl.maximum(amax / LARGEST, 1e-12)
+    tl.store(S + rows, scale, mask=inside_rows)
+    out = rows.to(tl.int64)[:, None] * K
+    for k0 in range(0, K, BK):
+        cols = k0 + tl.arange(0, BK)
+        inside = inside_rows[:, None] & (cols[None, :] < K)
+        x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -LARGEST), LARGEST)  # IEEE division, as torch
+        if FP8:
+            if GRID_FIRST:
+                y = _on_e4m3_grid(y)
+            tl.store(Q + out + cols[None, :], y.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=inside)
+        else:
+            tl.store(Q + out + cols[None, :], _round_half_even(y).to(tl.int8), mask=inside)
 
 
 def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: int = BLOCK_K,
-                  warps: int = 4, activation: str | None = None,
-                  one_block: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] (any strides, bf16/fp16/fp32) -> (values [M, K] row-major e4m3 or int8, scales [M, 1] float32)
-    with ``x ≈ values * scales``; with ``activation`` ("gelu_tanh", "gelu") the values are those of that activation
-    of ``x``, as torch computes it in ``x``'s dtype, quantized: a feed-forward's down projection's input made and
-    quantized in one read of the up projection's output. ``one_block``: a row of at most ``MAX_ONE_BLOCK`` values
-    is read once and held (``block_k`` and ``warps`` then follow K), not read twice."""
+    with ``x ≈ values * scales``."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows takes [M, K], got {tuple(x.shape)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"quantize_rows applies no activation {activation!r}; it knows {sorted(filter(None, ACTIVATIONS))}")
     m, k = x.shape
     values = torch.empty((m, k), dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
     scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return values, scales
-    one_block = one_block and k <= MAX_ONE_BLOCK
-    if one_block:
-        block_m, block_k = 1, triton.next_power_of_2(k)
-        warps = min(16, max(4, block_k // 1024))  # 8 to 32 float32 values a thread
     largest = _E4M3_MAX if fp8 else 127.0
     _rowwise_kernel[(triton.cdiv(m, block_m),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest,
-                                                FP8=fp8, GRID_FIRST=_INTERPRETED, ACT=ACTIVATIONS[activation],
-                                                EXACT=not _INTERPRETED, ONE_BLOCK=one_block, BM=block_m,
-                                                BK=block_k, num_warps=warps)
+                                                FP8=fp8, GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
+                                                num_warps=warps)
     return values, scales
 
 
