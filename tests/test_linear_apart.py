@@ -135,3 +135,25 @@ def test_the_op_matches_the_torch_quantization_and_its_fake(device):
                            want_values.view(torch.uint8) if fp8 else want_values)
         assert torch.equal(scales, want_scales.reshape(-1, 1))
         torch.library.opcheck(torch.ops.ditgate.rowwise_quant.default, (x, fp8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_compiled_graph_launches_the_quantization_kernel_from_its_own_code():
+    """The op is a triton_op: inductor's generated code launches ditgate's kernel itself (no Python body of the op
+    runs per call), after the activation's own kernel, with the eager kernel's numerics."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ditgate.forms.linear import quantize_fp8
+    from ditgate.forms.rowwise_op import quantize_apart
+
+    h = torch.randn(96, 640, device="cuda", dtype=torch.bfloat16)
+    gelu = torch.compile(lambda t: torch.nn.functional.gelu(t, approximate="tanh"), fullgraph=True)
+    both = torch.compile(lambda t: quantize_apart(torch.nn.functional.gelu(t, approximate="tanh"), True),
+                         fullgraph=True)
+    (values, scales), codes = run_and_get_code(both, h)
+    code = "\n".join(codes)
+    assert "_rowwise_kernel" in code and "rowwise_quant.default" not in code
+    want_values, want_scales = quantize_fp8(gelu(h))
+    assert torch.equal(scales, want_scales.reshape(-1, 1))
+    assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8))

@@ -66,9 +66,10 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
 
 
 def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: int = BLOCK_K,
-                  warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+                  warps: int = 4, traceable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] (any strides, bf16/fp16/fp32) -> (values [M, K] row-major e4m3 or int8, scales [M, 1] float32)
-    with ``x ≈ values * scales``."""
+    with ``x ≈ values * scales``. ``traceable``: the launch goes through ``torch.library.wrap_triton``, so that
+    inside a ``torch.library.triton_op`` a compiled graph launches the kernel itself (``forms.rowwise_op``)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows takes [M, K], got {tuple(x.shape)}")
     m, k = x.shape
@@ -77,9 +78,9 @@ def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: i
     if m == 0:
         return values, scales
     largest = _E4M3_MAX if fp8 else 127.0
-    _rowwise_kernel[(triton.cdiv(m, block_m),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest,
-                                                FP8=fp8, GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k,
-                                                num_warps=warps)
+    kernel = torch.library.wrap_triton(_rowwise_kernel) if traceable else _rowwise_kernel
+    kernel[(triton.cdiv(m, block_m),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest, FP8=fp8,
+                                       GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
     return values, scales
 
 
