@@ -31,7 +31,7 @@
 #             products) against bf16 F.linear at Wan's and Flux's shapes
 #   linear_eager  benchmarks/experiments/linear_eager_profile.py: an eager forward of $LINEAR_EAGER_PRESET with static
 #             plans serving every per-token linear with one of $LINEAR_EAGER_FORMS, against stock, and its profile
-#             (LINEAR_EAGER_ARGS=--compile: both compiled)
+#             (LINEAR_EAGER_ARGS=--compile: both compiled; add --gaps for each forward's device idle time and kernel families)
 #   parts     benchmarks/attention_parts.py: the 8-bit attention forms' parts (quantization, kernel, whole form;
 #             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES
 #   memo      ditgate bench calibration of $MEMO_PRESET ($MEMO_ARGS) with a second process, Triton's key remembered and not
