@@ -3,6 +3,9 @@ input quantized in a kernel of its own inside a compiled graph (``ditgate::rowwi
 the activation's kernel, and timed whole by a plan for a compiled model."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -157,3 +160,36 @@ def test_a_compiled_graph_launches_the_quantization_kernel_from_its_own_code():
     want_values, want_scales = quantize_fp8(gelu(h))
     assert torch.equal(scales, want_scales.reshape(-1, 1))
     assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8))
+
+
+def test_torch_finds_the_ops_kernel_for_its_compile_caches():
+    """torch keys its compiled-graph caches on the kernels it finds by reading a triton_op's source; a kernel it
+    did not find would not invalidate them when edited. (In a process of its own: under the interpreter, which
+    these tests set, the kernel is an interpreted function that torch does not look for.)"""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    probe = ("import ditgate\nfrom torch._library.triton import get_triton_kernels_for_op\n"
+             "print([getattr(k, '__name__', '') for k in get_triton_kernels_for_op('ditgate::rowwise_quant')])")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['_rowwise_kernel']"
+
+
+def test_under_the_interpreter_the_op_serves_cuda_tensors_with_torch_ops(monkeypatch):
+    """A traced launch cannot run under Triton's interpreter (the op's body is its own fake there): with
+    TRITON_INTERPRET=1 on a CUDA machine the op takes the torch ops, which trace."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ditgate.forms import rowwise_op
+
+    launched = []
+    monkeypatch.setattr(rowwise_op, "quantize_rows", lambda *args, **kwargs: launched.append(args))
+    for interpreted in (True, False):
+        monkeypatch.setattr(rowwise_op, "INTERPRETED", interpreted)
+        with FakeTensorMode():
+            x = torch.empty(4, 8, dtype=torch.bfloat16, device="cuda")
+            out = rowwise_op._rowwise_quant(x, True)
+        if interpreted:
+            assert not launched and out[0].shape == (4, 8) and out[1].shape == (4, 1)
+            assert out[0].dtype == torch.float8_e4m3fn and out[0].device.type == "cuda"
+    assert len(launched) == 1  # not interpreted: the kernel's launcher

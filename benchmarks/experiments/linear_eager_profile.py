@@ -52,19 +52,23 @@ def graph_skips(before: int = 0) -> tuple[str, int]:
     return (f"; {skips - before} graph(s) skipped CUDA graphs" if skips > before else ""), skips
 
 
-FAMILIES = (  # the first pattern a kernel's name contains names its family
+FAMILIES = (  # after inductor's own kernels (named triton_*), the first pattern a kernel's name contains
     ("attention", ("flash", "fmha", "attn", "attention", "cudnn", "sdpa")),
-    ("products", ("gemm", "cutlass", "nvjet", "sm90_xmma", "scaled_mm", "matmul", "_mm_")),
-    ("inductor", ("triton_",)),
-    ("ditgate triton", ("_kernel",)),
+    ("products", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "matmul")),
 )
 
 
 def family(name: str) -> str:
+    """A kernel's family by its name: inductor's kernels first (their names carry the ops they fused, an attention's
+    or a product's among them), then attention and products, then ditgate's Triton kernels (``_<name>_kernel``)."""
+    if name.startswith("triton_"):
+        return "inductor"
     lowered = name.lower()
     for label, patterns in FAMILIES:
         if any(pattern in lowered for pattern in patterns):
             return label
+    if name.startswith("_") and name.endswith("_kernel"):
+        return "ditgate triton"
     return "other"
 
 

@@ -19,10 +19,11 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from .fp8_heads import _on_e4m3_grid
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read when Triton reads it: at import
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read when Triton reads it: at import
 BLOCK_M = 1
 BLOCK_K = 2048
 MIN_SCALE = 1e-12
@@ -49,7 +50,7 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
         inside = inside_rows[:, None] & (cols[None, :] < K)
         x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    scale = tl.maximum(amax / LARGEST, 1e-12)
+    scale = tl.maximum(tl.math.div_rn(amax, LARGEST), 1e-12)  # IEEE division, as torch's (Triton's "/" is not)
     tl.store(S + rows, scale, mask=inside_rows)
     out = rows.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BK):
@@ -65,22 +66,33 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
             tl.store(Q + out + cols[None, :], _round_half_even(y).to(tl.int8), mask=inside)
 
 
+def _known_zero(m) -> bool:
+    """Whether ``m`` is 0, without a guard on a row count known only when the graph runs (an unbacked size): such a
+    count is taken as not zero, and a launch over no rows writes nothing."""
+    if isinstance(m, int):
+        return m == 0
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+    return guard_or_false(m == 0)
+
+
 def quantize_rows(x: torch.Tensor, fp8: bool, block_m: int = BLOCK_M, block_k: int = BLOCK_K,
                   warps: int = 4, traceable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] (any strides, bf16/fp16/fp32) -> (values [M, K] row-major e4m3 or int8, scales [M, 1] float32)
     with ``x ≈ values * scales``. ``traceable``: the launch goes through ``torch.library.wrap_triton``, so that
-    inside a ``torch.library.triton_op`` a compiled graph launches the kernel itself (``forms.rowwise_op``)."""
+    inside a ``torch.library.triton_op`` a compiled graph launches the kernel itself (``forms.rowwise_op``). It is
+    called by its bare name: torch finds an op's kernels (for its compile caches' keys) by reading the source for
+    ``wrap_triton(<kernel>)``."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows takes [M, K], got {tuple(x.shape)}")
     m, k = x.shape
     values = torch.empty((m, k), dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
     scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    if m == 0:
+    if _known_zero(m):
         return values, scales
     largest = _E4M3_MAX if fp8 else 127.0
-    kernel = torch.library.wrap_triton(_rowwise_kernel) if traceable else _rowwise_kernel
+    kernel = wrap_triton(_rowwise_kernel) if traceable else _rowwise_kernel
     kernel[(triton.cdiv(m, block_m),)](x, values, scales, m, k, x.stride(0), x.stride(1), LARGEST=largest, FP8=fp8,
-                                       GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
+                                       GRID_FIRST=INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
     return values, scales
 
 
@@ -154,5 +166,5 @@ def quantize_delayed(x: torch.Tensor, state: torch.Tensor, margin: float, block_
                                                              BM=AMAX_BLOCK_M, BK=AMAX_BLOCK_K, num_warps=warps)
     _delayed_cast_kernel[(max(triton.cdiv(m, block_m), 1),)](
         x, values, state, scale, m, k, x.stride(0), x.stride(1), MARGIN=float(margin), LARGEST=_E4M3_MAX,
-        GRID_FIRST=_INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
+        GRID_FIRST=INTERPRETED, BM=block_m, BK=block_k, num_warps=warps)
     return values, scale
