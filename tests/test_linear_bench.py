@@ -23,6 +23,7 @@ def test_both_activation_quantizations_make_a_linear_row_each_for_one_run():
     rows = ditgate_rows(["speed"], linear=[apart, fused])
     assert [r.key for r in rows] == ["speed", "speed +linear", "speed +linear fused"]
     assert rows[1].linear == apart and rows[2].linear == fused
+    assert rows[1].plan_of is None and rows[2].plan_of == "speed +linear"  # the A/B runs one plan
     with pytest.raises(ValueError, match="twice"):
         ditgate_rows(["speed"], linear=[fused, fused])
 
@@ -39,3 +40,77 @@ def test_resident_weight_bytes_count_the_8_bit_weights_in_place_of_the_hosts():
     assert device_weight_bytes(tiny.model, device, plan) == stock - host + payload < stock
     plan.detach()
     assert device_weight_bytes(tiny.model, device) == stock
+
+
+@pytest.mark.slow  # a subprocess that calibrates a tiny model with linear forms and compiles it four times
+def test_the_later_linear_row_re_applies_the_first_rows_plan(tmp_path):
+    """An A/B of the activation setting runs one plan: the fused row re-applies the apart row's receipt instead of
+    calibrating again (two calibrations can route different sites), and says so; both serve the same sites, eagerly
+    and compiled (where the setting matters)."""
+    import json
+    import subprocess
+    import sys
+
+    from ditgate.forms.linear import create_linear_forms
+
+    avail = create_linear_forms(["int8_linear"])["int8_linear"].availability()
+    if not avail.available:
+        pytest.skip(avail.reason)
+    res = subprocess.run([sys.executable, "-m", "ditgate.cli.main", "bench", "model", "--preset", "tiny-wan",
+                          "--layers", "1", "--backends", "native", "--profiles", "speed", "--linear",
+                          "--linear-forms", "int8_linear", "--activation-quantization", "apart", "fused",
+                          "--rounds", "1", "--compile", "default", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "bench-model-tiny-wan-1l.json").read_text())
+    rows = {r["name"]: r for r in data["rows"]}
+    apart, fused = rows["ditgate speed +linear"], rows["ditgate speed +linear fused"]
+    assert apart["status"] == fused["status"] == "ok"
+    assert "re-applied" not in apart["detail"] and "calibration" in apart["detail"]
+    assert "the plan of 'speed +linear' re-applied" in fused["detail"]
+    assert apart["detail"].split("sites: ")[1] == fused["detail"].split("sites: ")[1]
+    receipts = {key: json.loads(data["receipts"][key]) for key in ("speed +linear", "speed +linear fused")}
+    routes = {key: sorted((v["site"], v["shape_key"], v["form"] or "") for v in r["verdicts"])
+              for key, r in receipts.items()}
+    assert routes["speed +linear"]  # the plan has verdicts to compare
+    assert routes["speed +linear"] == routes["speed +linear fused"]
+    apart, fused = rows["ditgate speed +linear + compile"], rows["ditgate speed +linear fused + compile"]
+    assert apart["status"] == fused["status"] == "ok", (apart["reason"], fused["reason"])
+    assert apart["detail"].startswith("1 rounds") and "calibration" in apart["detail"]
+    assert "the plan of 'speed +linear' re-applied" in fused["detail"]
+    assert apart["detail"].split("sites: ")[1] == fused["detail"].split("sites: ")[1]
+
+
+def test_a_compiled_row_re_applies_the_plan_it_names_with_its_own_setting():
+    """The fused compiled row attaches from the named row's receipt: the same linear routes (here some int8 ones, a
+    lenient profile making the form win on a CPU) under the fused setting, and no calibration of its own."""
+    import dataclasses
+
+    from ditgate.cli.bench_compile import _make
+    from ditgate.cli.bench_model import DitgateRow
+    from ditgate.forms.linear import create_linear_forms
+    from ditgate.gate import PROFILES
+
+    avail = create_linear_forms(["int8_linear"])["int8_linear"].availability()
+    if not avail.available:
+        pytest.skip(avail.reason)
+    lenient = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2,
+                                  screen_margin=None)
+    tiny = Tiny("tiny-wan")
+    with torch.no_grad():
+        plan = ditgate.attach(tiny.model, profile=lenient, forms=["sdpa_math"], timing_cache=False, progress=False,
+                              linear=LinearSetting(forms=("int8_linear",), compiled=True))
+        tiny.forward()
+    receipt = plan.receipt()
+    wanted = sum(1 for s in plan.report().linear.sites if s.weights == "int8_linear")
+    plan.detach()
+    assert wanted  # the receipt routes some linear sites to the form
+    row = DitgateRow("speed +linear fused", profile="speed", plan_of="speed +linear",
+                     linear=LinearSetting(forms=("int8_linear",), activation_quantization="fused"))
+    cfg = _make("ditgate speed +linear fused + compile", "default", tiny.model, row, tiny.inputs,
+                torch.device("cpu"), {}, {("default", "speed +linear"): receipt})
+    assert cfg.status == "ok", cfg.reason
+    assert cfg.detail.startswith("the plan of 'speed +linear' re-applied") and "(receipt)" in cfg.detail
+    assert cfg.served["linear int8_linear"] == wanted
+    missing = _make("x", "default", tiny.model, row, tiny.inputs, torch.device("cpu"), {}, {})
+    assert missing.status == "raised" and "made none" in missing.reason

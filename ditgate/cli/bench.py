@@ -72,7 +72,7 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--activation-quantization", nargs="+", choices=("apart", "fused"), default=None,
                    help="with --linear, how a compiled graph quantizes an activation's output for the next linear: in a "
                         "kernel of its own (apart, the default) or fused into the activation's kernel by inductor; "
-                        "both: a linear row of each, interleaved in one run")
+                        "both: a linear row of each, interleaved in one run, the later re-applying the first's plan")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)

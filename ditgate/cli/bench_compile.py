@@ -7,7 +7,8 @@ practice of re-attaching a plan from its receipt for every pass would recompile 
 - ``<ditgate row> + compile``: each ditgate row (``bench_model.DitgateRow``) attached to its copy and calibrated
   eagerly (one forward: the gate's calibration and whole-model check; a static row attaches as it is), then
   compiled, so the graph is traced with the plan's routes; a row with linear sites times their forms as they run
-  compiled (``LinearSetting(compiled=True)``: the product alone);
+  compiled (``LinearSetting(compiled=True)``: the product alone); a later linear-setting row re-applies the first
+  one's plan of the same mode (``DitgateRow.plan_of``), so that the two differ in the setting alone;
 - each further mode asked for (``reduce-overhead``, ``max-autotune``: CUDA graph trees; ``regional``: diffusers'
   ``compile_repeated_blocks(fullgraph=True)`` on the copy, each routed block a graph of its own), the same rows in it.
 
@@ -59,21 +60,32 @@ class _Compiled:
 
 
 def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, calib_inputs: dict,
-          device: torch.device, explains: dict[str, str]) -> _Compiled:
+          device: torch.device, explains: dict[str, str], receipts: dict) -> _Compiled:
+    """One compiled row on its own copy of ``model``. A row with ``plan_of`` re-applies the receipt that row's
+    calibration left in ``receipts`` (by mode and row key) instead of calibrating; every measured row leaves its own
+    there."""
     cfg = _Compiled(name, mode)
     try:
         copy_ = copy.deepcopy(model)
         if row is not None:
             if row.linear is not None:
                 row = dataclasses.replace(row, linear=dataclasses.replace(row.linear, compiled=True))
+            shared = None
+            if row.plan_of is not None:
+                shared = receipts.get((mode, row.plan_of))
+                if shared is None:
+                    raise RuntimeError(f"the row whose plan it re-applies ({row.plan_of!r}) made none")
             _sync(device)
             t0 = time.perf_counter()
-            plan = row.attach(copy_)
+            plan = row.attach(copy_, shared)
             with torch.no_grad():
                 copy_(**calib_inputs)  # calibrates (a measured row), eagerly
             _sync(device)
-            cfg.detail = (f"calibration {time.perf_counter() - t0:.1f} s; plan kept attached ({plan.mode})"
-                          + check_text(plan))
+            took = time.perf_counter() - t0
+            how = f"the plan of {row.plan_of!r} re-applied ({took:.1f} s)" if shared else f"calibration {took:.1f} s"
+            cfg.detail = f"{how}; plan kept attached ({plan.mode})" + check_text(plan)
+            if row.static_form is None:
+                receipts[(mode, row.key)] = plan.receipt()
             cfg.served = chosen_routes(plan)
             explains[name] = plan.explain()
         cfg.weight_bytes = device_weight_bytes(copy_, device, plan if row is not None else None)
@@ -97,12 +109,14 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
     explains = {} if explains is None else explains
     calib_inputs = preset.inputs(model, device, dtype, seed=1000)
     configs: list[_Compiled] = []
+    receipts: dict = {}  # (mode, row key) -> the receipt of that row's calibration, for rows that re-apply it
     for mode in modes:
         suffix = " + compile" + ("" if mode == "default" else f" ({mode})")
         if progress:
             progress(f"preparing the compiled rows{suffix}")
-        configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device, explains))
-        configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device, explains) for row in rows]
+        configs.append(_make("stock" + suffix, mode, model, None, calib_inputs, device, explains, receipts))
+        configs += [_make(row.name + suffix, mode, model, row, calib_inputs, device, explains, receipts)
+                    for row in rows]
     # a routed block compiles a graph of its own under regional compilation (hosts.regional), on every row's copy
     blocks = max(repeated_block_counts([model]).values(), default=0)
     limit = max(64, 8 * len(configs), 2 * blocks * len(configs))

@@ -54,6 +54,7 @@ class _Config:
     busy: GpuBusy | str | None = None  # the GPU's share of one pass, or why it was not measured
     weight_bytes: int | None = None  # the denoiser's weights on the device while the row runs
     check: str = ""  # what the whole-model check took back at calibration (``check_text``)
+    plan_of: str = ""  # the row whose plan this one re-applied instead of calibrating (``DitgateRow.plan_of``)
 
 
 def _sync(device: torch.device) -> None:
@@ -148,6 +149,9 @@ class DitgateRow:
     sparse: SparseSetting | None = None
     static_form: str | None = None
     linear: LinearSetting | None = None  # the row routes the linear sites too (``attach(..., linear=...)``)
+    # the key of the row whose calibrated plan (its receipt) this row re-applies instead of calibrating its own: the
+    # later linear-setting rows, so that they run the first one's routes and differ from it in their setting alone
+    plan_of: str | None = None
 
     @property
     def name(self) -> str:
@@ -170,7 +174,9 @@ def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
     are bounded-error) and one per ``static_forms``; with ``linear``, beside each measured row of a profile that
     allows bounded forms, the same row with the linear sites routed too ("... +linear"), once per setting where
     several are given (the later ones named by how they quantize an activation's output: "... +linear fused"), so
-    that one run interleaves them. Raises ValueError where a sparse or linear row was asked for and none can be
+    that one run interleaves them. The later ones re-apply the first one's calibrated plan (``plan_of``): the gate
+    chooses from noisy timings, and two calibrations of one model can route different sites, which an A/B of the
+    settings must not measure. Raises ValueError where a sparse or linear row was asked for and none can be
     made, before any model is built."""
     rows = _sparse_rows(profiles, sparse, static_forms)
     if linear is None:
@@ -191,7 +197,9 @@ def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
     for row in rows:
         out.append(row)
         if row in bounded:
-            out += [dataclasses.replace(row, key=row.key + suffix(i, s), linear=s) for i, s in enumerate(settings)]
+            first = row.key + suffix(0, settings[0])
+            out += [dataclasses.replace(row, key=row.key + suffix(i, s), linear=s, plan_of=first if i else None)
+                    for i, s in enumerate(settings)]
     return out
 
 
@@ -217,15 +225,21 @@ def _sparse_rows(profiles: Sequence[str], sparse: SparseSetting | None,
 
 def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.device, progress,
                     explains: dict[str, str], receipts: dict[str, Receipt]) -> _Config:
-    """Calibrate ``row`` once (its cold pass); every timed pass re-attaches from the receipt that wrote (a
-    static row attaches as it is) and, before detaching, counts the sites each route served most."""
+    """Calibrate ``row`` once (its cold pass; a row with ``plan_of`` re-applies that row's receipt instead); every
+    timed pass re-attaches from the receipt that wrote (a static row attaches as it is) and, before detaching,
+    counts the sites each route served most."""
     cfg = _Config(row.name, "ditgate", lambda: None, lambda: None, [], [])
     try:
         if progress:
             progress(f"calibrating {row.name}")
         _sync(device)
+        shared = None
+        if row.plan_of is not None:
+            shared = receipts.get(row.plan_of)
+            if shared is None:
+                raise RuntimeError(f"the row whose plan it re-applies ({row.plan_of!r}) made none")
         t0 = time.perf_counter()
-        plan = row.attach(model)
+        plan = row.attach(model, shared)
         with torch.no_grad():
             model(**calib_inputs)
         _sync(device)
@@ -234,6 +248,7 @@ def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.de
         if receipt is not None:
             receipts[row.key] = receipt
         explains[row.key] = plan.explain()
+        cfg.plan_of = row.plan_of or ""
         cfg.check = check_text(plan)
         plan.detach()
     except Exception as exc:
@@ -322,6 +337,8 @@ def _calibration_text(cfg: _Config, native: _Config | None) -> str:
     whole-model check) over one warm stock forward."""
     if cfg.kind != "ditgate" or cfg.cold_ms is None or native is None:
         return ""
+    if cfg.plan_of:
+        return f"; the plan of {cfg.plan_of!r} re-applied (cold pass {cfg.cold_ms / 1e3:.1f} s)"
     return f"; calibration {cfg.cold_ms / 1e3:.1f} s = {cfg.cold_ms / statistics.median(native.samples):.1f} forwards"
 
 

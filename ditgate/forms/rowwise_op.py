@@ -10,7 +10,8 @@ graph keeps the activation's own kernel and runs the Triton kernel after it, wha
 
 The op is a ``torch.library.triton_op``: a compiled graph sees its Triton launch and launches the kernel from its own
 generated code, as it launches its own kernels. An opaque ``custom_op`` (until this) ran its Python body at every
-call, and in compiled Flux on an H100 the device waited 130-200 µs for each such launch (round 2m's gaps profile).
+call, and in a profiled compiled Flux forward on an H100 the device waited up to 203 µs before its launches (round
+2m's gaps profile).
 On CUDA with Triton the kernel is ``kernels.rowwise_quant.quantize_rows``; elsewhere the torch ops of
 ``forms.linear`` (the same numerics; a compiled graph on a CPU breaks them up and fuses them like any torch ops).
 Without Triton the op is a plain opaque ``custom_op``. Nothing synchronises with the host, so CUDA graphs capture
