@@ -71,7 +71,10 @@ def _known_zero(m) -> bool:
     count is taken as not zero, and a launch over no rows writes nothing."""
     if isinstance(m, int):
         return m == 0
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
+    try:
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+    except ImportError:  # an older torch: ask, with its guard
+        return bool(m == 0)
     return guard_or_false(m == 0)
 
 
