@@ -6,6 +6,7 @@ import torch
 import ditgate
 from ditgate.cli.bench_model import device_weight_bytes, ditgate_rows
 from ditgate.gate.linear import LinearSetting
+from ditgate.hosts.linears import find_linear_sites
 
 from .helpers import Tiny
 
@@ -103,6 +104,8 @@ def test_a_compiled_row_re_applies_the_plan_it_names_with_its_own_setting():
         tiny.forward()
     receipt = plan.receipt()
     wanted = sum(1 for s in plan.report().linear.sites if s.weights == "int8_linear")
+    after = {s.path for s in find_linear_sites(tiny.model) if s.after_activation}
+    routed_after = sum(1 for s in plan.report().linear.sites if s.weights == "int8_linear" and s.name in after)
     plan.detach()
     assert wanted  # the receipt routes some linear sites to the form
     row = DitgateRow("speed +linear fused", profile="speed", plan_of="speed +linear",
@@ -111,6 +114,17 @@ def test_a_compiled_row_re_applies_the_plan_it_names_with_its_own_setting():
                 torch.device("cpu"), {}, {("default", "speed +linear"): receipt})
     assert cfg.status == "ok", cfg.reason
     assert cfg.detail.startswith("the plan of 'speed +linear' re-applied") and "(receipt)" in cfg.detail
+    assert routed_after and f"; {routed_after} routed linear site(s) take an activation's output" in cfg.detail
     assert cfg.served["linear int8_linear"] == wanted
     missing = _make("x", "default", tiny.model, row, tiny.inputs, torch.device("cpu"), {}, {})
     assert missing.status == "raised" and "made none" in missing.reason
+
+
+def test_only_keeps_a_row_whose_plan_row_it_dropped_calibrating_its_own():
+    from ditgate.cli.bench_model import only_rows
+
+    rows = ditgate_rows(["balanced", "speed"], linear=[LinearSetting(), LinearSetting(activation_quantization="fused")])
+    assert [(r.key, r.plan_of) for r in only_rows(rows, ["speed +linear"])] == [
+        ("speed +linear", None), ("speed +linear fused", "speed +linear")]
+    assert [(r.key, r.plan_of) for r in only_rows(rows, ["linear fused"])] == [
+        ("balanced +linear fused", None), ("speed +linear fused", None)]

@@ -183,7 +183,7 @@ def _run_kernels(args) -> int:
 
 def _run_model(args) -> int:
     from ..models.presets import get_preset
-    from .bench_model import DEFAULT_BACKENDS, bench_model, ditgate_rows
+    from .bench_model import DEFAULT_BACKENDS, bench_model, ditgate_rows, only_rows
 
     console = Console(width=max(Console().width, 150))
     device, dtype, out = _setup(args)
@@ -191,7 +191,7 @@ def _run_model(args) -> int:
     try:
         rows_wanted = ditgate_rows(args.profiles, _sparse_setting(args), args.sparse_static, _linear_settings(args))
         if args.only:
-            rows_wanted = [r for r in rows_wanted if any(text in r.name for text in args.only)]
+            rows_wanted = only_rows(rows_wanted, args.only)
             if not rows_wanted:
                 raise ValueError(f"--only {' '.join(args.only)} keeps none of the rows asked for")
         if args.compiled_only and args.compile is None:

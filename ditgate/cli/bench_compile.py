@@ -35,8 +35,9 @@ from ..gate import compare
 from ..hosts import model_output
 from ..hosts.regional import repeated_block_counts
 from ..models.presets import ModelPreset
-from .bench_model import (DitgateRow, busy_kernels, busy_text, check_text, chosen_routes, device_weight_bytes, failed,
-                          interleaved, profile_pass, record, served_text, _sync, _timed_forward, weights_text)
+from .bench_model import (DitgateRow, activation_sites_text, busy_kernels, busy_text, check_text, chosen_routes,
+                          device_weight_bytes, failed, interleaved, profile_pass, record, served_text, _sync,
+                          _timed_forward, weights_text)
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune", "regional")
@@ -83,7 +84,7 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
             _sync(device)
             took = time.perf_counter() - t0
             how = f"the plan of {row.plan_of!r} re-applied ({took:.1f} s)" if shared else f"calibration {took:.1f} s"
-            cfg.detail = f"{how}; plan kept attached ({plan.mode})" + check_text(plan)
+            cfg.detail = f"{how}; plan kept attached ({plan.mode})" + check_text(plan) + activation_sites_text(plan)
             if row.static_form is None:
                 receipts[(mode, row.key)] = plan.receipt()
             cfg.served = chosen_routes(plan)

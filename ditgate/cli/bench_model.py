@@ -203,6 +203,23 @@ def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
     return out
 
 
+def only_rows(rows: Sequence[DitgateRow], texts: Sequence[str]) -> list[DitgateRow]:
+    """The rows whose name contains one of ``texts`` (``--only``); a kept row whose ``plan_of`` row was not kept
+    calibrates its own plan."""
+    kept = [r for r in rows if any(text in r.name for text in texts)]
+    keys = {r.key for r in kept}
+    return [r if r.plan_of is None or r.plan_of in keys else dataclasses.replace(r, plan_of=None) for r in kept]
+
+
+def activation_sites_text(plan: Plan) -> str:
+    """"; 16 routed linear sites take an activation's output": where a compiled graph's two activation
+    quantizations (apart, fused) differ, so that an A/B of them says how much it could show."""
+    if plan.linear is None:
+        return ""
+    routed = sum(1 for r in plan.linear.routers if r.after_activation and r.custody.payload_form is not None)
+    return f"; {routed} routed linear site(s) take an activation's output"
+
+
 def _sparse_rows(profiles: Sequence[str], sparse: SparseSetting | None,
                  static_forms: Sequence[str]) -> list[DitgateRow]:
     rows = [DitgateRow(prof, profile=prof) for prof in profiles]
@@ -335,10 +352,12 @@ def busy_kernels(busy: GpuBusy | str | None, top: int = 25) -> tuple[tuple[str, 
 def _calibration_text(cfg: _Config, native: _Config | None) -> str:
     """"; calibration 4.1 s = 6.5 forwards": a ditgate row's cold pass (attach, the calibrating forward and the
     whole-model check) over one warm stock forward."""
-    if cfg.kind != "ditgate" or cfg.cold_ms is None or native is None:
+    if cfg.kind != "ditgate" or cfg.cold_ms is None:
         return ""
     if cfg.plan_of:
         return f"; the plan of {cfg.plan_of!r} re-applied (cold pass {cfg.cold_ms / 1e3:.1f} s)"
+    if native is None:
+        return ""
     return f"; calibration {cfg.cold_ms / 1e3:.1f} s = {cfg.cold_ms / statistics.median(native.samples):.1f} forwards"
 
 
