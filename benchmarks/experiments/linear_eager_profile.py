@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import ditgate
+from ditgate.cli.gpu_busy import busy_from_intervals
 from ditgate.gate.linear import LinearSetting
 from ditgate.models.presets import get_preset
 
@@ -73,24 +74,24 @@ def family(name: str) -> str:
 
 
 def device_gaps(events, show: int = 8) -> str:
-    """The device's span, busy and idle time over one profiled forward, per kernel family, and the ``show`` longest
-    idle gaps (µs) with the kernels before and after each."""
+    """The device's span, busy and idle time over one profiled forward (``cli.gpu_busy.busy_from_intervals``, what
+    ``bench model --gpu-busy`` reports), per kernel family, and the ``show`` longest idle gaps (µs) with the kernels
+    before and after each."""
     kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
     if not kernels:
         return "no device events"
-    busy, gaps, end, before = 0.0, [], kernels[0].time_range.start, None
+    busy = busy_from_intervals((e.time_range.start, e.time_range.end) for e in kernels)
+    gaps, end, before = [], kernels[0].time_range.start, None
     per_family = Counter()
     for event in kernels:
         start, stop = event.time_range.start, event.time_range.end
         per_family[family(event.name)] += stop - start
         if start > end:
             gaps.append((start - end, before.name if before else "", event.name))
-        busy += max(0.0, stop - max(start, end))
         if stop > end:
             end, before = stop, event
-    span = end - kernels[0].time_range.start
-    lines = [f"span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, idle {(span - busy) / 1e3:.2f} ms "
+    lines = [f"span {busy.span_ms:.2f} ms, busy {busy.busy_ms:.2f} ms, idle {busy.idle_ms:.2f} ms "
              f"in {len(gaps)} gaps; kernel ms by family: "
              + ", ".join(f"{label} {us / 1e3:.2f}" for label, us in per_family.most_common())]
     for gap, after, next_ in sorted(gaps, reverse=True)[:show]:
