@@ -36,8 +36,8 @@ from ..hosts import model_output
 from ..hosts.regional import repeated_block_counts
 from ..models.presets import ModelPreset
 from .bench_model import (DitgateRow, activation_sites_text, busy_kernels, busy_text, check_text, chosen_routes,
-                          device_weight_bytes, failed, interleaved, profile_pass, record, served_text, _sync,
-                          _timed_forward, weights_text)
+                          device_weight_bytes, failed, interleaved, profile_pass, record, served_text, shared_receipt,
+                          _sync, _timed_forward, weights_text)
 from .bench_output import BenchRow
 
 MODES = ("default", "reduce-overhead", "max-autotune", "regional")
@@ -71,11 +71,7 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
         if row is not None:
             if row.linear is not None:
                 row = dataclasses.replace(row, linear=dataclasses.replace(row.linear, compiled=True))
-            shared = None
-            if row.plan_of is not None:
-                shared = receipts.get((mode, row.plan_of))
-                if shared is None:
-                    raise RuntimeError(f"the row whose plan it re-applies ({row.plan_of!r}) made none")
+            shared = shared_receipt(row, receipts, (mode, row.plan_of))
             _sync(device)
             t0 = time.perf_counter()
             plan = row.attach(copy_, shared)

@@ -203,6 +203,17 @@ def ditgate_rows(profiles: Sequence[str], sparse: SparseSetting | None = None,
     return out
 
 
+def shared_receipt(row: DitgateRow, receipts: dict, key) -> Receipt | None:
+    """The receipt ``row`` re-applies (``receipts[key]``, ``key`` naming its ``plan_of`` row), or None for a row that
+    calibrates its own plan; RuntimeError where that row made none (it raised)."""
+    if row.plan_of is None:
+        return None
+    shared = receipts.get(key)
+    if shared is None:
+        raise RuntimeError(f"the row whose plan it re-applies ({row.plan_of!r}) made none")
+    return shared
+
+
 def only_rows(rows: Sequence[DitgateRow], texts: Sequence[str]) -> list[DitgateRow]:
     """The rows whose name contains one of ``texts`` (``--only``); a kept row whose ``plan_of`` row was not kept
     calibrates its own plan."""
@@ -250,11 +261,7 @@ def _ditgate_config(row: DitgateRow, model, calib_inputs: dict, device: torch.de
         if progress:
             progress(f"calibrating {row.name}")
         _sync(device)
-        shared = None
-        if row.plan_of is not None:
-            shared = receipts.get(row.plan_of)
-            if shared is None:
-                raise RuntimeError(f"the row whose plan it re-applies ({row.plan_of!r}) made none")
+        shared = shared_receipt(row, receipts, row.plan_of)
         t0 = time.perf_counter()
         plan = row.attach(model, shared)
         with torch.no_grad():
