@@ -2,7 +2,6 @@
 input quantized in a kernel of its own inside a compiled graph (``ditgate::rowwise_quant``) rather than fused into
 the activation's kernel, and timed whole by a plan for a compiled model."""
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -11,13 +10,12 @@ import pytest
 import torch
 
 import ditgate
-from ditgate.gate import PROFILES
 from ditgate.gate.linear import COMPILED_TIMING, LinearSetting
 from ditgate.hosts.linears import find_linear_sites
 
-from .helpers import Tiny, model_output
+from .helpers import LENIENT_SPEED, Tiny, model_output
 
-LENIENT = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2, screen_margin=None)
+LENIENT = LENIENT_SPEED
 
 
 @pytest.mark.parametrize("family", ["tiny-wan", "tiny-flux", "tiny-ltx"])

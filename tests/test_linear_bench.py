@@ -8,7 +8,7 @@ from ditgate.cli.bench_model import device_weight_bytes, ditgate_rows
 from ditgate.gate.linear import LinearSetting
 from ditgate.hosts.linears import find_linear_sites
 
-from .helpers import Tiny
+from .helpers import LENIENT_SPEED, Tiny
 
 
 def test_linear_rows_stand_beside_each_bounded_row():
@@ -85,18 +85,14 @@ def test_the_later_linear_row_re_applies_the_first_rows_plan(tmp_path):
 def test_a_compiled_row_re_applies_the_plan_it_names_with_its_own_setting():
     """The fused compiled row attaches from the named row's receipt: the same linear routes (here some int8 ones, a
     lenient profile making the form win on a CPU) under the fused setting, and no calibration of its own."""
-    import dataclasses
-
     from ditgate.cli.bench_compile import _make
     from ditgate.cli.bench_model import DitgateRow
     from ditgate.forms.linear import create_linear_forms
-    from ditgate.gate import PROFILES
 
     avail = create_linear_forms(["int8_linear"])["int8_linear"].availability()
     if not avail.available:
         pytest.skip(avail.reason)
-    lenient = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2,
-                                  screen_margin=None)
+    lenient = LENIENT_SPEED
     tiny = Tiny("tiny-wan")
     with torch.no_grad():
         plan = ditgate.attach(tiny.model, profile=lenient, forms=["sdpa_math"], timing_cache=False, progress=False,

@@ -11,7 +11,7 @@ from ditgate.forms.linear_delayed import MARGIN, delayed_clamped_calls
 from ditgate.gate import compare
 from ditgate.gate.linear import LinearSetting
 
-from .helpers import Tiny
+from .helpers import LENIENT_SPEED, Tiny
 
 NAME = "fp8_delayed_linear"
 
@@ -192,13 +192,8 @@ def test_the_eager_kernels_give_the_torch_ops_bits_and_state():
 
 @pytest.mark.slow
 def test_a_receipt_carries_each_sites_history_so_its_compiled_calls_serve_without_an_eager_forward(tmp_path, caplog):
-    import dataclasses
-
-    from ditgate.gate import PROFILES
-
     torch._dynamo.reset()
-    lenient = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2,
-                                  screen_margin=None)  # CPU timings decide nothing here
+    lenient = LENIENT_SPEED  # CPU timings decide nothing here
     tiny = Tiny("tiny-wan")
     ffn = tiny.model.blocks[0].ffn
     seen = []

@@ -8,15 +8,14 @@ import pytest
 import torch
 
 import ditgate
-from ditgate.gate import PROFILES
 from ditgate.gate.linear import LinearSetting
 from ditgate.hosts.linear_weights import HeldWeight
 
-from .helpers import Tiny, twice
+from .helpers import LENIENT_SPEED, Tiny, twice
 
 # every form fast enough and the whole never too slow: what is left to decide is accuracy, per site (CPU timings of
 # 32-wide products say nothing about a GPU)
-LENIENT = dataclasses.replace(PROFILES["speed"], min_speedup=1e-6, min_whole_ratio=1e-6, rounds=2, screen_margin=None)
+LENIENT = LENIENT_SPEED
 
 
 def _attach(tiny: Tiny, profile=LENIENT, **kwargs):
