@@ -116,6 +116,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--gaps", action="store_true", help="the device's idle gaps and kernel families per forward")
+    parser.add_argument("--stock-after", action="store_true",
+                        help="time stock again after the plans (compiled afresh), so drift shows beside the ratios")
     parser.add_argument("--compile", nargs="?", const="default", default=None,
                         help="time and profile compiled forwards, in this torch.compile mode (default: default)")
     args = parser.parse_args()
@@ -170,6 +172,13 @@ def main() -> None:
         skipped, count = graph_skips(count)
         print(f"== {form}: {events} device events in one routed forward{skipped}")
         plan.detach()
+    if args.stock_after:
+        runner["model"] = model
+        compiled()
+        for _ in range(3):
+            forward()
+        again = statistics.median(timed(forward) for _ in range(args.rounds))
+        print(f"== stock again: {again:.2f} ms (first {stock:.2f} ms, {stock / again:.3f}x)")
 
 
 if __name__ == "__main__":
