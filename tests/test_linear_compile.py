@@ -187,3 +187,30 @@ def test_a_graph_traced_under_one_plan_is_not_reused_under_the_next():
                               for route, why in traced), traced
         second.detach()
     torch._dynamo.reset()
+
+
+def test_a_compiled_models_report_says_what_its_graphs_serve_not_the_host():
+    """A compiled model's calls run none of ditgate's Python, so the only calls its sites count are the calibration's;
+    the report's ``serving`` then says what the graphs traced (before, every site of a gated plan for a compiled model
+    read "host", its quantized weights and verdict beside it)."""
+    from .helpers import LENIENT_SPEED
+
+    _fp8_linear_or_skip()
+    tiny = Tiny("tiny-flux")
+    with torch.no_grad():
+        plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False,
+                              progress=False, linear=ditgate.LinearSetting(forms=("fp8_linear",), compiled=True))
+        tiny.forward()  # calibrates: every counted call is a calibration call
+        calibrated = plan.report()
+        torch._dynamo.reset()
+        torch.compile(tiny.model)(**tiny.inputs)
+        report = plan.report()
+        plan.detach()
+    torch._dynamo.reset()
+    routed = [s for s in report.linear.sites if s.weights == "fp8_linear"]
+    assert routed and all(s.serving == "host" for s in calibrated.linear.sites if s.weights == "fp8_linear")
+    assert {s.serving for s in routed} == {"fp8_linear"}
+    assert {s.serving for s in report.linear.sites if s.weights == "host"} <= {"host", "-"}
+    attention = [s for s in report.sites if s.compiled]
+    assert attention and all(s.serving == s.compiled[0].route for s in attention)
+    assert {s.serving for s in calibrated.sites} == {"host"}  # eagerly, calibration alone

@@ -25,12 +25,16 @@ from .report import LinearRecord, LinearSiteRecord
 logger = logging.getLogger("ditgate")
 
 
-def serving_route(counts) -> str:
-    """The route that served most live calls of a site (calibration calls aside), "host" when only calibration ran,
-    "-" before any call."""
+def serving_route(counts, traces=()) -> str:
+    """The route that served most live calls of a site (calibration calls aside); where no live call was counted,
+    the route compiled graphs traced most (``traces``: the ledger's ``trace_counts``; calls a graph serves run none
+    of our Python, so a compiled model's only counted calls are its calibration's); "host" when only calibration
+    ran, "-" before any call."""
     live = [c for c in counts if c.reason != "calibrating"]
     if live:
         return max(live, key=lambda c: c.calls).route
+    if traces:
+        return max(traces, key=lambda c: c.calls).route
     return HOST if counts else "-"
 
 
@@ -167,7 +171,8 @@ class LinearPart:
         for r in self.routers:
             counts = r.ledger.route_counts()
             sites.append(LinearSiteRecord(
-                name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls, serving=serving_route(counts),
+                name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls,
+                serving=serving_route(counts, r.ledger.trace_counts()),
                 routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
                 weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(), aside=r.aside,
                 bytes_now=r.custody.bytes_now(),

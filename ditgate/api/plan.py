@@ -339,9 +339,7 @@ class Plan:
             for index in sorted(att.router.sites):
                 s = att.router.sites[index]
                 counts = s.ledger.route_counts()
-                serving = serving_route(counts)
-                if serving == "-" and s.ledger.traces:  # served inside compiled graphs only: what they traced
-                    serving = s.ledger.trace_counts()[0].route
+                serving = serving_route(counts, s.ledger.trace_counts())
                 sites.append(SiteRecord(
                     name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
                     convention=s.convention.value, shapes=tuple(c.shapes_text() + f" {c.dtype}" for c in s.shapes.values()),
