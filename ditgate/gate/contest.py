@@ -59,8 +59,11 @@ class Entrant:
     # why it cannot run after all ("" when it can): the availability probe (its imports), deferred to the first time
     # this contest would run it, so that a form a known timing refuses is never imported
     ready: Callable[[], str] = lambda: ""
-    # what is timed where it is not ``run`` itself (a linear form in a plan for a compiled model: its product alone)
+    # what is timed where it is not ``run`` itself (a linear form in a plan for a compiled model: its product alone,
+    # or its call replayed from a CUDA graph), and the host's call it is timed against where not the contest's host
+    # (the host's product replayed alike: ``gate.replay``)
     timed: Callable[[], torch.Tensor] | None = None
+    timed_host: Callable[[], torch.Tensor] | None = None
     # its first call may run in a thread beside the other entrants' first calls (``warm``; ``Form.warms_in_thread``)
     warms_in_thread: bool = False
     # its first call may be made once dry, its kernels compiled beside the others' (``compile_ahead``)
@@ -109,7 +112,7 @@ class _Contest:
         self.ahead_ms: dict[str, float] = {}  # name -> ms of the compile-ahead step its kernels compiled in
         self.refusals: list[Refusal] = []
         self.measured: list[Measurement] = []
-        self._host_ms: float | None = None
+        self._host_ms: dict[int, float] = {}  # the host's screening sample, per host clock (by identity)
         self._host_lead: bool | None = None  # whether samples here go behind an untimed call (the host's call decides)
 
     def refuse(self, e: Entrant, kind: str, detail: str, timing: BookTiming | None = None) -> None:
@@ -210,14 +213,20 @@ class _Contest:
             self._spent(e, started)
 
     def _screen(self, e: Entrant) -> None:
-        if self._host_ms is None:
-            self._host_ms = self._screen_ms(self.host)
+        host = self.host_clock(e)
+        if id(host) not in self._host_ms:
+            self._host_ms[id(host)] = self._screen_ms(host)
         try:
             form_ms = self._screen_ms(e.clock)
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
             return
-        self.book.put(e.key, BookTiming.screening(self._host_ms, form_ms, self.site, self.first_ms.get(e.name, 0.0)))
+        self.book.put(e.key, BookTiming.screening(self._host_ms[id(host)], form_ms, self.site,
+                                                  self.first_ms.get(e.name, 0.0)))
+
+    def host_clock(self, e: Entrant) -> Callable[[], torch.Tensor]:
+        """What ``e`` is timed against: its own host counterpart where it has one, else the host's call."""
+        return e.timed_host if e.timed_host is not None else self.host
 
     def pair(self, e: Entrant) -> None:
         started = time.perf_counter()
@@ -229,7 +238,7 @@ class _Contest:
     def _pair(self, e: Entrant) -> None:
         try:
             mem = measure_memory(e.clock, self.device, e.resident_bytes)
-            timing = paired_timing(self.host, e.clock, self.device, self.p.rounds)
+            timing = paired_timing(self.host_clock(e), e.clock, self.device, self.p.rounds)
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
             return

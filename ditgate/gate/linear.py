@@ -33,6 +33,7 @@ from .book import TimingBook, TimingKey
 from .chooser import GateChooser
 from .contest import Entrant, contest
 from .profiles import Profile
+from .replay import DEVICE_TIME, ReplayClock, replay_clocks
 from .verdict import NOT_ALLOWED, RAISED, UNAVAILABLE, UNSUPPORTED, Refusal, Verdict
 
 
@@ -183,6 +184,10 @@ class LinearGateChooser:
                host_out: torch.Tensor) -> Verdict:
         refusals: list[Refusal] = []
         entrants: list[Entrant] = []
+        # a plan for a compiled model times on the device (``gate.replay``): the host's product and each form's call
+        # replayed from CUDA graphs, as the graph runs them, with none of their Python
+        replayed = self.setting.compiled and replay_clocks(x.device)
+        host_clock = ReplayClock(host, f"the host's product at {site.name}") if replayed else None
         for name, form in self.forms.items():
             if self.setting.forms is not None and name not in self.setting.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named linear forms "
@@ -204,11 +209,14 @@ class LinearGateChooser:
                 return site.run_form(form, x, weights)
 
             # else timed whole, as eagerly: a form whose quantization does not fuse, or a site quantizing apart
-            compiled = self.setting.compiled and form.quantization_fuses and not site.quantizes_apart
-            key = TimingKey(name, call.shape_key, COMPILED_TIMING if compiled else "")
-            timed = _product(form, x, weights, site.module.bias) if compiled else None
-            entrants.append(Entrant(name, form.precision.value, key, run, _same,
-                                    lambda weights=weights: weights.nbytes, timed=timed,
+            alone = self.setting.compiled and form.quantization_fuses and not site.quantizes_apart
+            timed = _product(form, x, weights, site.module.bias) if alone else None
+            variant = COMPILED_TIMING if alone else ""
+            if replayed:
+                timed = ReplayClock(timed or run, f"{name} at {site.name}")
+                variant = f"compiled: {'product alone' if alone else 'whole'}, {DEVICE_TIME}"
+            entrants.append(Entrant(name, form.precision.value, TimingKey(name, call.shape_key, variant), run, _same,
+                                    lambda weights=weights: weights.nbytes, timed=timed, timed_host=host_clock,
                                     compiles_ahead=form.compiles_ahead))
         book = self.gate.book if self.profile.share_timing else TimingBook()
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book, x.device)
