@@ -5,7 +5,6 @@ On a CPU the CUDA graph is a stand-in that records captures and replays (the cap
 nothing): what is checked here is which calls are captured, what each is timed against and the keys they are kept
 under. The GPU test at the end captures real graphs."""
 
-import contextlib
 import logging
 
 import pytest
@@ -39,9 +38,7 @@ def fake_graphs(monkeypatch):
         clocks.append(self)
 
     monkeypatch.setattr(ReplayClock, "__init__", keep)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **kw: None)
+    monkeypatch.setattr(replay, "capture", lambda fn: (FakeGraph(), fn()))
     monkeypatch.setattr(linear_gate, "replay_clocks", lambda device: True)
     return clocks
 
@@ -85,14 +82,11 @@ def test_an_eager_plan_and_a_plan_without_cuda_graphs_time_as_before(fake_graphs
 
 
 def test_a_call_a_graph_cannot_hold_is_timed_eagerly_and_said_so(monkeypatch, caplog):
-    @contextlib.contextmanager
-    def refuses(graph, **kw):
-        yield
+    def refuses(fn):
+        fn()
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", refuses)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **kw: None)
+    monkeypatch.setattr(replay, "capture", refuses)
     calls = []
     clock = ReplayClock(lambda: calls.append(1) or torch.ones(2), "fp8_linear at blocks.0.ffn.net.2")
     with caplog.at_level(logging.INFO, logger="ditgate"):

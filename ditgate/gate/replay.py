@@ -40,20 +40,33 @@ class ReplayClock:
         if self.eager:
             return self.fn()
         self.fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = self.fn()
+            self.graph, self.out = capture(self.fn)
         except Exception as exc:
             self.eager = True
             logger.info("ditgate: %s could not be captured in a CUDA graph (%s: %s); it is timed eagerly",
                         self.label, type(exc).__name__, str(exc)[:200])
-            torch.cuda.synchronize()
             return self.fn()
-        self.graph, self.out = graph, out
-        graph.replay()
-        return out
+        self.graph.replay()
+        return self.out
+
+
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """One call of ``fn`` captured on a side stream (the default stream cannot capture), in a pool of its own.
+    Not ``torch.cuda.graph``: it collects garbage and empties the allocator's cache at every capture, which a
+    calibration capturing a few dozen products would pay each time."""
+    graph = torch.cuda.CUDAGraph()
+    current = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            out = fn()
+        finally:
+            graph.capture_end()
+    current.wait_stream(side)
+    return graph, out
 
 
 def replay_clocks(device: torch.device) -> bool:
