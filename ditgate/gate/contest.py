@@ -35,11 +35,18 @@ from .accuracy import Accuracy, accuracy_kernel, compare
 from .book import BookTiming, TimingBook, TimingKey
 from .memory import measure_memory
 from .profiles import Profile
+from .replay import unreplayed
 from .timing import paired_timing, sampling, sync, time_once
 from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement,
                       Refusal)
 from . import warm as first_calls
 from .compile_ahead import compile_ahead
+
+def prime(clock: Callable[[], object]) -> None:
+    """A clock's set-up done before it is sampled (a ``gate.replay.ReplayClock`` captures its graph); nothing for
+    a plain call."""
+    getattr(clock, "prime", lambda: None)()
+
 
 ACCURACY_CHECK = "accuracy check"  # how the accuracy check's kernel shows in a compile-ahead step's names and spend
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
@@ -213,10 +220,11 @@ class _Contest:
             self._spent(e, started)
 
     def _screen(self, e: Entrant) -> None:
-        host = self.host_clock(e)
-        if id(host) not in self._host_ms:
-            self._host_ms[id(host)] = self._screen_ms(host)
         try:
+            host = self.host_clock(e)
+            if id(host) not in self._host_ms:
+                self._host_ms[id(host)] = self._screen_ms(host)
+            prime(e.clock)
             form_ms = self._screen_ms(e.clock)
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
@@ -225,8 +233,11 @@ class _Contest:
                                                   self.first_ms.get(e.name, 0.0)))
 
     def host_clock(self, e: Entrant) -> Callable[[], torch.Tensor]:
-        """What ``e`` is timed against: its own host counterpart where it has one, else the host's call."""
-        return e.timed_host if e.timed_host is not None else self.host
+        """What ``e`` is timed against: its own host counterpart where it has one (primed), else the host's call."""
+        if e.timed_host is None:
+            return self.host
+        prime(e.timed_host)
+        return e.timed_host
 
     def pair(self, e: Entrant) -> None:
         started = time.perf_counter()
@@ -237,8 +248,10 @@ class _Contest:
 
     def _pair(self, e: Entrant) -> None:
         try:
-            mem = measure_memory(e.clock, self.device, e.resident_bytes)
-            timing = paired_timing(self.host_clock(e), e.clock, self.device, self.p.rounds)
+            mem = measure_memory(unreplayed(e.clock), self.device, e.resident_bytes)
+            host = self.host_clock(e)
+            prime(e.clock)
+            timing = paired_timing(host, e.clock, self.device, self.p.rounds)
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
             return

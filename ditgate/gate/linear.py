@@ -187,7 +187,7 @@ class LinearGateChooser:
         # a plan for a compiled model times on the device (``gate.replay``): the host's product and each form's call
         # replayed from CUDA graphs, as the graph runs them, with none of their Python
         replayed = self.setting.compiled and replay_clocks(x.device)
-        host_clock = ReplayClock(host, f"the host's product at {site.name}") if replayed else None
+        host_clock = ReplayClock(host, f"the host's product at {site.name}", x.device) if replayed else None
         for name, form in self.forms.items():
             if self.setting.forms is not None and name not in self.setting.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named linear forms "
@@ -213,7 +213,7 @@ class LinearGateChooser:
             timed = _product(form, x, weights, site.module.bias) if alone else None
             variant = COMPILED_TIMING if alone else ""
             if replayed:
-                timed = ReplayClock(timed or run, f"{name} at {site.name}")
+                timed = ReplayClock(timed or run, f"{name} at {site.name}", x.device)
                 variant = f"compiled: {'product alone' if alone else 'whole'}, {DEVICE_TIME}"
             entrants.append(Entrant(name, form.precision.value, TimingKey(name, call.shape_key, variant), run, _same,
                                     lambda weights=weights: weights.nbytes, timed=timed, timed_host=host_clock,

@@ -5,7 +5,12 @@ under ``mode="reduce-overhead"``), none of ditgate's Python. Timed eagerly, a sm
 form's Python path (its scales, ``torch._scaled_mm``'s dispatch) can outlast its kernel, so a site with few rows
 (a text stream's 512 tokens) screened slower than ``F.linear`` and stayed on the host, where the graph would have
 run the 8-bit product faster. Replayed from a graph, the host's product and the form's are both what the device
-does. A capture that fails (an operation a graph cannot hold) leaves that clock to call eagerly, said in the log.
+does. A call that cannot be captured raises ``CaptureFailed``: the contest refuses that form there (a call a CUDA
+graph cannot hold has no device time to compare, and would not survive ``reduce-overhead`` either).
+
+Captures share one side stream and one memory pool per device (``_Capturing``): the warm call runs on that stream
+first, so that libraries' per-stream workspaces (cuBLAS's) are made outside any capture, and a graph's memory goes
+back to the shared pool, for the next capture, when the graph is dropped.
 """
 
 from __future__ import annotations
@@ -22,51 +27,80 @@ logger = logging.getLogger("ditgate")
 DEVICE_TIME = "device time (CUDA graph replay)"
 
 
-class ReplayClock:
-    """``fn`` as a clock: on its first call it runs ``fn`` once (allocations, lazy set-up, compiles), captures one
-    more call into a CUDA graph, and from then on each call replays that graph and returns the captured output.
-    Capture happens only when the clock is first used, so that an entrant the contest never times is never run."""
+class CaptureFailed(RuntimeError):
+    """A clock's call could not be captured into a CUDA graph (the message says why)."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], label: str) -> None:
-        self.fn, self.label = fn, label
+
+class _Capturing:
+    """Per device: the side stream captures run on (the default stream cannot capture) and their shared pool."""
+
+    def __init__(self) -> None:
+        self._by_device: dict[int, tuple[torch.cuda.Stream, tuple]] = {}
+
+    def of(self, device: torch.device) -> tuple[torch.cuda.Stream, tuple]:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._by_device:
+            with torch.cuda.device(index):
+                self._by_device[index] = (torch.cuda.Stream(), torch.cuda.graph_pool_handle())
+        return self._by_device[index]
+
+
+_CAPTURING = _Capturing()
+
+
+class ReplayClock:
+    """``fn`` on ``device`` as a clock: its first call (``prime``) runs ``fn`` once on the capture stream (allocations,
+    lazy set-up, compiles) and captures one more call into a CUDA graph; every call then replays that graph and returns
+    the captured output (not read by the contest: accuracy is checked on the form's own call). Nothing runs until the
+    clock is first used, so that an entrant the contest never times is never run here."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], label: str, device: torch.device) -> None:
+        self.fn, self.label, self.device = fn, label, device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
-        self.eager = False  # the capture failed: calls run ``fn`` itself
+
+    def prime(self) -> None:
+        """Capture now, if not yet (untimed: a sample must not hold the warm call and the capture)."""
+        if self.graph is None:
+            try:
+                self.graph, self.out = capture(self.fn, self.device)
+            except Exception as exc:
+                raise CaptureFailed(f"{self.label} could not be captured in a CUDA graph for its device time: "
+                                    f"{type(exc).__name__}: {str(exc)[:200]}") from exc
 
     def __call__(self) -> torch.Tensor:
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        if self.eager:
-            return self.fn()
-        self.fn()
-        try:
-            self.graph, self.out = capture(self.fn)
-        except Exception as exc:
-            self.eager = True
-            logger.info("ditgate: %s could not be captured in a CUDA graph (%s: %s); it is timed eagerly",
-                        self.label, type(exc).__name__, str(exc)[:200])
-            return self.fn()
+        self.prime()
         self.graph.replay()
         return self.out
 
 
-def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """One call of ``fn`` captured on a side stream (the default stream cannot capture), in a pool of its own.
-    Not ``torch.cuda.graph``: it collects garbage and empties the allocator's cache at every capture, which a
-    calibration capturing a few dozen products would pay each time."""
+def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """One call of ``fn`` after a warm one, both on the device's capture stream, captured into the shared pool.
+    Not ``torch.cuda.graph``: it empties the allocator's cache at every capture."""
+    stream, pool = _CAPTURING.of(device)
+    current = torch.cuda.current_stream(device)
     graph = torch.cuda.CUDAGraph()
-    current = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        graph.capture_begin(capture_error_mode="thread_local")
+    stream.wait_stream(current)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        fn()
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             out = fn()
-        finally:
-            graph.capture_end()
-    current.wait_stream(side)
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:
+                pass  # the call's own error is the one to report
+            raise
+        graph.capture_end()
+    current.wait_stream(stream)
     return graph, out
+
+
+def unreplayed(fn: Callable[[], object]) -> Callable[[], object]:
+    """The call a clock replays (``fn`` itself for any other callable): what a memory measurement runs, since a
+    replay allocates nothing."""
+    return fn.fn if isinstance(fn, ReplayClock) else fn
 
 
 def replay_clocks(device: torch.device) -> bool:

@@ -41,6 +41,8 @@ def _round_half_even(y):
 @triton.jit
 def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.constexpr, GRID_FIRST: tl.constexpr,
                     BM: tl.constexpr, BK: tl.constexpr):
+    """The scale is torch's ``amax / largest`` on the tensors' device: on a GPU torch multiplies by the float32
+    reciprocal of a scalar divisor, on a CPU (the interpreter, ``GRID_FIRST``) it divides."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     inside_rows = rows < M
     base = rows.to(tl.int64)[:, None] * sxm
@@ -50,7 +52,10 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
         inside = inside_rows[:, None] & (cols[None, :] < K)
         x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    scale = tl.maximum(tl.math.div_rn(amax, LARGEST), 1e-12)  # IEEE division, as torch's (Triton's "/" is not)
+    if GRID_FIRST:
+        scale = tl.maximum(tl.math.div_rn(amax, LARGEST), 1e-12)  # IEEE division, as torch's on a CPU
+    else:
+        scale = tl.maximum(amax * (1.0 / LARGEST), 1e-12)
     tl.store(S + rows, scale, mask=inside_rows)
     out = rows.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BK):
