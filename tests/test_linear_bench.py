@@ -124,3 +124,17 @@ def test_only_keeps_a_row_whose_plan_row_it_dropped_calibrating_its_own():
         ("speed +linear", None), ("speed +linear fused", "speed +linear")]
     assert [(r.key, r.plan_of) for r in only_rows(rows, ["linear fused"])] == [
         ("balanced +linear fused", None), ("speed +linear fused", None)]
+
+
+def test_the_device_time_flag_reaches_every_linear_setting_and_needs_linear():
+    from argparse import Namespace
+
+    from ditgate.cli.bench import _linear_settings
+
+    args = Namespace(linear=True, linear_forms=None, activation_quantization=["apart", "fused"],
+                     linear_device_time=True)
+    assert [(s.activation_quantization, s.device_time) for s in _linear_settings(args)] == [("apart", True),
+                                                                                            ("fused", True)]
+    assert not any(s.device_time for s in _linear_settings(Namespace(**{**vars(args), "linear_device_time": False})))
+    with pytest.raises(ValueError, match="--linear-device-time need --linear"):
+        _linear_settings(Namespace(**{**vars(args), "linear": False, "activation_quantization": None}))

@@ -43,9 +43,9 @@ def fake_graphs(monkeypatch):
     return clocks
 
 
-def _calibrate(tiny: Tiny, **setting):
+def _calibrate(tiny: Tiny, device_time: bool = True, **setting):
     plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False, progress=False,
-                          linear=LinearSetting(compiled=True, **setting))
+                          linear=LinearSetting(compiled=True, device_time=device_time, **setting))
     tiny.forward()
     keys = {(k.form, k.variant) for k in plan.chooser.book._entries if k.shape_key.startswith("M")}
     plan.detach()
@@ -68,15 +68,17 @@ def test_a_plan_for_a_compiled_model_times_each_form_against_the_hosts_product_r
     assert all(c.graph.replays >= LENIENT_SPEED.rounds for c in captured_hosts + captured_forms)
 
 
-def test_an_eager_plan_and_a_plan_without_cuda_graphs_time_as_before(fake_graphs, monkeypatch):
+def test_an_eager_plan_a_plan_not_asking_and_a_plan_without_cuda_graphs_time_as_before(fake_graphs, monkeypatch):
     tiny = Tiny("tiny-wan")
     plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False, progress=False,
                           linear=LinearSetting(forms=("int8_linear",)))
     tiny.forward()
     plan.detach()
     assert not fake_graphs  # an eager plan's timings are eager calls
+    keys = _calibrate(tiny, forms=("int8_linear",), activation_quantization="fused", device_time=False)
+    assert keys == {("int8_linear", "compiled: product alone")} and not fake_graphs  # not asked for: eager
     monkeypatch.setattr(linear_gate, "replay_clocks", replay.replay_clocks)  # the real answer: no CUDA here
-    keys = _calibrate(tiny, forms=("int8_linear",), activation_quantization="fused")
+    keys = _calibrate(tiny, forms=("int8_linear",), activation_quantization="fused", device_time=True)
     assert keys == {("int8_linear", "compiled: product alone")} and not fake_graphs
 
 
@@ -91,7 +93,7 @@ def test_a_call_a_graph_cannot_hold_is_refused_there_with_the_reason(fake_graphs
     monkeypatch.setattr(replay, "capture", refuses)
     tiny = Tiny("tiny-wan")
     plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False, progress=False,
-                          linear=LinearSetting(forms=("int8_linear",), compiled=True))
+                          linear=LinearSetting(forms=("int8_linear",), compiled=True, device_time=True))
     tiny.forward()
     verdicts = [v for v in plan.chooser.verdicts.values() if v.shape_key.startswith("M")]
     plan.detach()

@@ -73,6 +73,9 @@ def add_bench_parsers(sub) -> None:
                    help="with --linear, how a compiled graph quantizes an activation's output for the next linear: in a "
                         "kernel of its own (apart, the default) or fused into the activation's kernel by inductor; "
                         "both: a linear row of each, interleaved in one run, the later re-applying the first's plan")
+    m.add_argument("--linear-device-time", action="store_true",
+                   help="with --linear, a compiled row's plan times its linear sites on the device, replayed from CUDA "
+                        "graphs (LinearSetting.device_time), instead of eagerly")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
@@ -304,12 +307,15 @@ def _linear_settings(args):
     from ..gate.linear import LinearSetting
 
     if not args.linear:
-        if args.linear_forms or getattr(args, "activation_quantization", None):
-            raise ValueError("--linear-forms and --activation-quantization need --linear")
+        if args.linear_forms or getattr(args, "activation_quantization", None) or getattr(args, "linear_device_time",
+                                                                                          False):
+            raise ValueError("--linear-forms, --activation-quantization and --linear-device-time need --linear")
         return None
     forms = tuple(args.linear_forms) if args.linear_forms else None
     ways = getattr(args, "activation_quantization", None) or ["apart"]
-    return [LinearSetting(forms=forms, activation_quantization=way) for way in dict.fromkeys(ways)]
+    device_time = bool(getattr(args, "linear_device_time", False))
+    return [LinearSetting(forms=forms, activation_quantization=way, device_time=device_time)
+            for way in dict.fromkeys(ways)]
 
 
 def _sparse_setting(args):
