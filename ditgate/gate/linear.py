@@ -78,9 +78,9 @@ class LinearSetting:
         judged at their sites: its eager forwards run none of them as the graph will) and checks its output with
         every route.
     device_time: with ``compiled``, on a CUDA device, time each site's host product and form calls on the device,
-        captured into CUDA graphs and replayed (``gate.replay``), instead of eagerly (opt-in: the one gated plan made
-        this way, compiled Flux 1024 on an H100, routed the one-row modulation products too and ran 1.045x stock +
-        compile, where the static plan of the per-token products ran 1.26-1.29x on another H100; not attributed).
+        captured into CUDA graphs and replayed (``gate.replay``), instead of eagerly. Opt-in: the one gated plan made
+        this way ran slower whole than eagerly timed ones (``docs/linear.md`` has the numbers; the cause is not
+        measured yet).
     activation_quantization: how a compiled graph quantizes the input of a site whose input is an activation's
         output (``hosts.linears.LinearSite.after_activation``: the feed-forward's down projection), for the row-wise
         forms: "apart" (default), in a kernel of its own after the activation's (``forms.rowwise_op``), and a plan
