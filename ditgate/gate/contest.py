@@ -35,18 +35,12 @@ from .accuracy import Accuracy, accuracy_kernel, compare
 from .book import BookTiming, TimingBook, TimingKey
 from .memory import measure_memory
 from .profiles import Profile
-from .replay import unreplayed
+from .replay import prime, unreplayed
 from .timing import paired_timing, sampling, sync, time_once
 from .verdict import (LESS_ACCURATE, OUTRANKED, OVER_MEMORY, RAISED, SLOWER, UNAVAILABLE, UNSUPPORTED, Measurement,
                       Refusal)
 from . import warm as first_calls
 from .compile_ahead import compile_ahead
-
-def prime(clock: Callable[[], object]) -> None:
-    """A clock's set-up done before it is sampled (a ``gate.replay.ReplayClock`` captures its graph); nothing for
-    a plain call."""
-    getattr(clock, "prime", lambda: None)()
-
 
 ACCURACY_CHECK = "accuracy check"  # how the accuracy check's kernel shows in a compile-ahead step's names and spend
 SCREEN_TARGET_MS = 1.0  # one screening sample is this many milliseconds of back-to-back calls (at least one call)
@@ -119,7 +113,7 @@ class _Contest:
         self.ahead_ms: dict[str, float] = {}  # name -> ms of the compile-ahead step its kernels compiled in
         self.refusals: list[Refusal] = []
         self.measured: list[Measurement] = []
-        self._host_ms: dict[int, float] = {}  # the host's screening sample, per host clock (by identity)
+        self._host_ms: dict[Callable, float] = {}  # the host's screening sample, per host clock
         self._host_lead: bool | None = None  # whether samples here go behind an untimed call (the host's call decides)
 
     def refuse(self, e: Entrant, kind: str, detail: str, timing: BookTiming | None = None) -> None:
@@ -222,14 +216,14 @@ class _Contest:
     def _screen(self, e: Entrant) -> None:
         try:
             host = self.host_clock(e)
-            if id(host) not in self._host_ms:
-                self._host_ms[id(host)] = self._screen_ms(host)
+            if host not in self._host_ms:
+                self._host_ms[host] = self._screen_ms(host)
             prime(e.clock)
             form_ms = self._screen_ms(e.clock)
         except Exception as exc:
             self.refuse(e, RAISED, f"{type(exc).__name__}: {exc}"[:300])
             return
-        self.book.put(e.key, BookTiming.screening(self._host_ms[id(host)], form_ms, self.site,
+        self.book.put(e.key, BookTiming.screening(self._host_ms[host], form_ms, self.site,
                                                   self.first_ms.get(e.name, 0.0)))
 
     def host_clock(self, e: Entrant) -> Callable[[], torch.Tensor]:

@@ -219,7 +219,7 @@ class LinearGateChooser:
             variant = COMPILED_TIMING if alone else ""
             if replayed:
                 timed = ReplayClock(timed or run, f"{name} at {site.name}", x.device)
-                variant = f"compiled: {'product alone' if alone else 'whole'}, {DEVICE_TIME}"
+                variant = f"{COMPILED_TIMING if alone else 'compiled: whole'}, {DEVICE_TIME}"
             entrants.append(Entrant(name, form.precision.value, TimingKey(name, call.shape_key, variant), run, _same,
                                     lambda weights=weights: weights.nbytes, timed=timed, timed_host=host_clock,
                                     compiles_ahead=form.compiles_ahead))

@@ -15,12 +15,9 @@ back to the shared pool, for the next capture, when the graph is dropped.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
-
-logger = logging.getLogger("ditgate")
 
 # The timing-key variant of a call timed by ``ReplayClock``: kept apart in the book and the cache from the same
 # call timed eagerly
@@ -95,6 +92,12 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch
         graph.capture_end()
     current.wait_stream(stream)
     return graph, out
+
+
+def prime(fn: Callable[[], object]) -> None:
+    """A clock's capture made before it is sampled (``ReplayClock.prime``); nothing for any other callable."""
+    if isinstance(fn, ReplayClock):
+        fn.prime()
 
 
 def unreplayed(fn: Callable[[], object]) -> Callable[[], object]:
