@@ -30,7 +30,8 @@
 #   linear    benchmarks/linear_parts.py: the FP8 linear forms' parts (quantization, row-wise and tensor-wise
 #             products) against bf16 F.linear at Wan's and Flux's shapes
 #   linear_eager  benchmarks/experiments/linear_eager_profile.py: an eager forward of $LINEAR_EAGER_PRESET with static
-#             plans serving every per-token linear with one of $LINEAR_EAGER_FORMS, against stock, and its profile
+#             plans serving every per-token linear with one of $LINEAR_EAGER_FORMS (or gated: gate:FORM, gate-dt:FORM;
+#             FORM:all for every role), against stock, and its profile
 #             (LINEAR_EAGER_ARGS=--compile: both compiled; add --gaps for each forward's device idle time and kernel families)
 #   parts     benchmarks/attention_parts.py: the 8-bit attention forms' parts (quantization, kernel, whole form;
 #             fa3_fp8 with and without a site, so one read against two) per shape in $PARTS_SHAPES

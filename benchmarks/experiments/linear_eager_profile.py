@@ -5,8 +5,11 @@ with one form, on a preset cut to its first blocks (GPU); eager, or with ``--com
     PYTHONPATH=. python benchmarks/experiments/linear_eager_profile.py --preset flux-dev-1024 --layers 8 \
         fp8_linear fp8_delayed_linear fp8_linear@fa3_fp8 host@fa3_fp8 [--compile [reduce-overhead]]
 
-A plan is ``LINEAR[@ATTENTION]``: the linear form at every per-token linear (``host``: none) and the attention form
-at every attention site (default ``sdpa_cudnn``, the host's own kernel). Per plan: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
+A plan is ``[gate:|gate-dt:]LINEAR[:ROLES][@ATTENTION]``: the linear form at every linear of the roles ``ROLES``
+(comma-separated, ``all`` or ``token``; default the per-token roles; ``host``: none) and the attention form at every attention
+site (default ``sdpa_cudnn``, the host's own kernel). With ``gate:`` the gate chooses each linear site's route from
+that form and the host (every role unless ``ROLES``), timed as for a compiled model under ``--compile``; ``gate-dt:``
+times it on the device (``LinearSetting.device_time``). Each plan's routes are printed per role. Per plan: the routed forward's median (CUDA events; stock's is timed once, before any plan), then torch.profiler's
 top ops of one routed forward by host time and by device time. The whole-model check of a plan for eager use times
 forwards like these; until db2dc82 it timed them for a plan made for a compiled model too.
 
@@ -19,6 +22,7 @@ kernels late (host-bound: the gaps say after which kernel) or waits outside them
 
 import argparse
 import statistics
+import time
 from collections import Counter
 
 import torch
@@ -27,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 import ditgate
 from ditgate.cli.gpu_busy import busy_from_intervals
 from ditgate.gate.linear import LinearSetting
+from ditgate.hosts.linears import ALL_ROLES, TOKEN_ROLES
 from ditgate.models.presets import get_preset
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,6 +104,29 @@ def device_gaps(events, show: int = 8) -> str:
     return "\n".join(lines)
 
 
+def role_routes(plan) -> str:
+    """"feed-forward fp8_linear 24, modulation host 9, ...": what served each role's sites (after a forward)."""
+    report = plan.report()
+    if report.linear is None:
+        return "no linear sites"
+    served = Counter(f"{s.role} {s.serving}" for s in report.linear.sites)
+    return ", ".join(f"{route} {n}" for route, n in sorted(served.items()))
+
+
+def plan_setting(spec: str, compiled: bool) -> tuple[bool, str, LinearSetting | None]:
+    """A plan's spec as (measured, attention form, linear setting)."""
+    gate, rest = spec.split(":", 1) if spec.startswith(("gate:", "gate-dt:")) else ("", spec)
+    linear, _, attention = rest.partition("@")
+    form, _, roles = linear.partition(":")
+    if form == "host":
+        return bool(gate), attention or "sdpa_cudnn", None
+    named = {"all": ALL_ROLES, "token": TOKEN_ROLES}
+    role_names = None if not roles else named.get(roles) or tuple(roles.split(","))
+    setting = LinearSetting(forms=(form,), roles=role_names, compiled=compiled and bool(gate),
+                            device_time=gate == "gate-dt")
+    return bool(gate), attention or "sdpa_cudnn", setting
+
+
 def plan_routes(plan) -> str:
     """"sdpa_cudnn 16, linear fp8_linear 128, linear host 42": what served each site most (after a forward)."""
     report = plan.report()
@@ -110,11 +138,11 @@ def plan_routes(plan) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("plans", nargs="+", metavar="LINEAR[@ATTENTION]")
+    parser.add_argument("plans", nargs="+", metavar="[gate:|gate-dt:]LINEAR[:ROLES][@ATTENTION]")
     parser.add_argument("--preset", default="flux-dev-1024")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--top", type=int, default=14, help="rows of the op tables (0: none)")
     parser.add_argument("--gaps", action="store_true", help="the device's idle gaps and kernel families per forward")
     parser.add_argument("--stock-after", action="store_true",
                         help="time stock again after the plans (compiled afresh), so drift shows beside the ratios")
@@ -155,20 +183,22 @@ def main() -> None:
     print(f"== stock: {stock:.2f} ms, {profiled('stock')[1]} device events in one forward{skipped}")
     for form in args.plans:
         runner["model"] = model
-        linear, _, attention = form.partition("@")
-        plan = ditgate.attach(model, profile="speed", forms=[attention or "sdpa_cudnn"], measure=False,
-                              timing_cache=False, progress=False,
-                              linear=None if linear == "host" else LinearSetting(forms=(linear,)))
-        forward()  # eager: starts the state of forms that keep one
-        print(f"== {form}: routes {plan_routes(plan)}")
+        measured, attention, setting = plan_setting(form, bool(args.compile))
+        started = time.perf_counter()
+        plan = ditgate.attach(model, profile="speed", forms=[attention], measure=measured,
+                              timing_cache=False, progress=False, linear=setting)
+        forward()  # eager: calibrates a gated plan, starts the state of forms that keep one
+        print(f"== {form}: routes {plan_routes(plan)} (attach and first forward {time.perf_counter() - started:.1f} s)")
+        print(f"== {form}: per role: {role_routes(plan)}")
         compiled()
         for _ in range(3):
             forward()
         routed = statistics.median(timed(forward) for _ in range(args.rounds))
         print(f"== {form}: routed {routed:.2f} ms, stock {stock:.2f} ms ({stock / routed:.3f}x); one routed forward:")
         table, events = profiled(form)
-        print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
-        print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
+        if args.top:
+            print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
+            print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
         skipped, count = graph_skips(count)
         print(f"== {form}: {events} device events in one routed forward{skipped}")
         plan.detach()
