@@ -138,3 +138,32 @@ def test_the_device_time_flag_reaches_every_linear_setting_and_needs_linear():
     assert not any(s.device_time for s in _linear_settings(Namespace(**{**vars(args), "linear_device_time": False})))
     with pytest.raises(ValueError, match="--linear-device-time need --linear"):
         _linear_settings(Namespace(**{**vars(args), "linear": False, "activation_quantization": None}))
+
+
+@pytest.mark.slow  # compiles two copies of a tiny model with inductor
+def test_compiled_rows_are_explained_after_their_rounds_so_routed_sites_read_their_form(monkeypatch):
+    """A compiled row's calls run none of ditgate's Python; explained right after calibration, every routed linear
+    site read "host" (only the calibration's calls were counted). Explained after the timed rounds, a site says what
+    its graphs traced."""
+    from ditgate.api.plan import Plan
+    from ditgate.cli.bench_compile import bench_compiled
+    from ditgate.cli.bench_model import DitgateRow
+    from ditgate.forms.linear import create_linear_forms
+    from ditgate.models.presets import get_preset
+
+    avail = create_linear_forms(["int8_linear"])["int8_linear"].availability()
+    if not avail.available:
+        pytest.skip(avail.reason)
+    # what each explanation would say of the routed sites: the route each served most
+    monkeypatch.setattr(Plan, "explain", lambda self: sorted(
+        {s.serving for s in self.report().linear.sites if s.weights == "int8_linear"}))
+    preset = get_preset("tiny-wan").with_layers(1)
+    model = preset.build("cpu", torch.float32)
+    row = DitgateRow("speed +linear", profile=LENIENT_SPEED,
+                     linear=LinearSetting(forms=("int8_linear",), compiled=True))
+    explains: dict = {}
+    torch._dynamo.reset()
+    rows = bench_compiled(preset, model, torch.device("cpu"), torch.float32, [row], rounds=1, explains=explains)
+    torch._dynamo.reset()
+    assert all(r.status == "ok" for r in rows), [(r.name, r.reason) for r in rows]
+    assert explains["ditgate speed +linear + compile"] == ["int8_linear"]

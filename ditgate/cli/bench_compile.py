@@ -58,6 +58,7 @@ class _Compiled:
     busy: object = None  # --gpu-busy: the profiled pass (GpuBusy) or why there is none
     weight_bytes: int | None = None  # the denoiser's weights resident on the device under this row's plan
     served: Counter | None = None  # the routes its plan chose, per site ("linear fp8_linear": 20)
+    plan: object = None  # the plan kept attached to this row's copy, explained again after the rounds
 
 
 def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, calib_inputs: dict,
@@ -84,7 +85,7 @@ def _make(name: str, mode: str, model: torch.nn.Module, row: DitgateRow | None, 
             if row.static_form is None:
                 receipts[(mode, row.key)] = plan.receipt()
             cfg.served = chosen_routes(plan)
-            explains[name] = plan.explain()
+            cfg.plan = plan
         cfg.weight_bytes = device_weight_bytes(copy_, device, plan if row is not None else None)
         if mode == "regional":  # diffusers' regional compilation: each repeated block class compiled in place
             copy_.compile_repeated_blocks(fullgraph=True)
@@ -102,7 +103,7 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
                    explains: dict[str, str] | None = None) -> list[BenchRow]:
     """The compiled rows (see the module docstring); ``reference``: the eager stock output on round 0's inputs;
     ``gpu_busy``: one more pass per row after the last round, under the profiler (not timed); ``explains``
-    receives each ditgate row's ``plan.explain()`` after its calibration, by row name."""
+    receives each ditgate row's ``plan.explain()`` after the timed rounds, by row name."""
     explains = {} if explains is None else explains
     calib_inputs = preset.inputs(model, device, dtype, seed=1000)
     configs: list[_Compiled] = []
@@ -129,6 +130,9 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
                 failed(cfg, exc)
                 continue
             record(cfg, r, ms, peak, out)
+    for cfg in configs:  # after the rounds, so that each site says what its graphs traced, not only calibration's calls
+        if cfg.plan is not None:
+            explains[cfg.name] = cfg.plan.explain()
     return _rows(preset, configs, reference)
 
 
