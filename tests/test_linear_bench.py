@@ -132,12 +132,31 @@ def test_the_device_time_flag_reaches_every_linear_setting_and_needs_linear():
     from ditgate.cli.bench import _linear_settings
 
     args = Namespace(linear=True, linear_forms=None, activation_quantization=["apart", "fused"],
-                     linear_device_time=True)
+                     linear_device_time=True, linear_roles=None)
     assert [(s.activation_quantization, s.device_time) for s in _linear_settings(args)] == [("apart", True),
                                                                                             ("fused", True)]
     assert not any(s.device_time for s in _linear_settings(Namespace(**{**vars(args), "linear_device_time": False})))
-    with pytest.raises(ValueError, match="--linear-device-time need --linear"):
+    with pytest.raises(ValueError, match="--linear-roles need --linear"):
         _linear_settings(Namespace(**{**vars(args), "linear": False, "activation_quantization": None}))
+
+
+def test_linear_roles_name_roles_or_groups_and_reach_every_setting():
+    from argparse import Namespace
+
+    from ditgate.cli.bench import _linear_settings
+    from ditgate.hosts.linears import ALL_ROLES, TOKEN_ROLES
+
+    args = Namespace(linear=True, linear_forms=None, activation_quantization=["apart", "fused"],
+                     linear_device_time=False, linear_roles=["token", "modulation", "attn.q"])
+    settings = _linear_settings(args)
+    assert [s.roles for s in settings] == [TOKEN_ROLES + ("modulation",)] * 2  # each role once, in order
+    assert _linear_settings(Namespace(**{**vars(args), "linear_roles": ["all"]}))[0].roles == ALL_ROLES
+    assert _linear_settings(Namespace(**{**vars(args), "linear_roles": None}))[0].roles is None
+    with pytest.raises(ValueError, match="unknown linear role.*groups: token, all"):
+        _linear_settings(Namespace(**{**vars(args), "linear_roles": ["tokens"]}))
+    with pytest.raises(ValueError, match="need --linear"):
+        _linear_settings(Namespace(**{**vars(args), "linear": False, "activation_quantization": None,
+                                      "linear_roles": ["token"]}))
 
 
 @pytest.mark.slow  # compiles two copies of a tiny model with inductor

@@ -31,7 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 import ditgate
 from ditgate.cli.gpu_busy import busy_from_intervals
 from ditgate.gate.linear import LinearSetting
-from ditgate.hosts.linears import ALL_ROLES, TOKEN_ROLES
+from ditgate.hosts.linears import roles_named
 from ditgate.models.presets import get_preset
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,8 +120,7 @@ def plan_setting(spec: str, compiled: bool) -> tuple[bool, str, LinearSetting | 
     form, _, roles = linear.partition(":")
     if form == "host":
         return bool(gate), attention or "sdpa_cudnn", None
-    named = {"all": ALL_ROLES, "token": TOKEN_ROLES}
-    role_names = None if not roles else named.get(roles) or tuple(roles.split(","))
+    role_names = roles_named(roles.split(",")) if roles else None
     setting = LinearSetting(forms=(form,), roles=role_names, compiled=compiled and bool(gate),
                             device_time=gate == "gate-dt")
     return bool(gate), attention or "sdpa_cudnn", setting

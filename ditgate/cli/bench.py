@@ -76,6 +76,9 @@ def add_bench_parsers(sub) -> None:
     m.add_argument("--linear-device-time", action="store_true",
                    help="with --linear, a compiled row's plan times its linear sites on the device, replayed from CUDA "
                         "graphs (LinearSetting.device_time), instead of eagerly")
+    m.add_argument("--linear-roles", nargs="+", default=None, metavar="ROLE",
+                   help="with --linear, the roles whose sites the gate may route (LinearSetting.roles; 'token' for the "
+                        "attention projections and feed-forwards, 'all'; default: every role)")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
     _common(m)
@@ -302,19 +305,25 @@ def _run_calibration(args) -> int:
 
 
 def _linear_settings(args):
-    """The linear settings from ``--linear`` / ``--linear-forms`` / ``--activation-quantization`` (one per way of
+    """The linear settings from ``--linear`` / ``--linear-forms`` / ``--linear-roles`` / ``--linear-device-time`` /
+    ``--activation-quantization`` (one per way of
     quantizing an activation's output), or None; ValueError on bad values."""
     from ..gate.linear import LinearSetting
 
+    from ..hosts.linears import roles_named
+
+    named_roles = getattr(args, "linear_roles", None)
     if not args.linear:
         if args.linear_forms or getattr(args, "activation_quantization", None) or getattr(args, "linear_device_time",
-                                                                                          False):
-            raise ValueError("--linear-forms, --activation-quantization and --linear-device-time need --linear")
+                                                                                          False) or named_roles:
+            raise ValueError("--linear-forms, --activation-quantization, --linear-device-time and --linear-roles "
+                             "need --linear")
         return None
     forms = tuple(args.linear_forms) if args.linear_forms else None
     ways = getattr(args, "activation_quantization", None) or ["apart"]
     device_time = bool(getattr(args, "linear_device_time", False))
-    return [LinearSetting(forms=forms, activation_quantization=way, device_time=device_time)
+    roles = roles_named(named_roles) if named_roles else None
+    return [LinearSetting(forms=forms, roles=roles, activation_quantization=way, device_time=device_time)
             for way in dict.fromkeys(ways)]
 
 

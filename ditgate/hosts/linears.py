@@ -39,6 +39,17 @@ ATTENTION_ROLES = {
 # what a plan that does not measure quantizes unless told otherwise: the products that run on every token
 TOKEN_ROLES: tuple[str, ...] = tuple(dict.fromkeys(ATTENTION_ROLES.values())) + ("feed-forward",)
 ALL_ROLES: tuple[str, ...] = TOKEN_ROLES + ("attn.other", "modulation", "embedding", "output")
+ROLE_GROUPS = {"token": TOKEN_ROLES, "all": ALL_ROLES}  # names a command line may give for several roles at once
+
+
+def roles_named(names) -> tuple[str, ...]:
+    """Role names with the groups of ``ROLE_GROUPS`` ("token", "all") spelled out, in order, each once; a name that
+    is neither a role nor a group raises ValueError listing both."""
+    unknown = [n for n in names if n not in ALL_ROLES and n not in ROLE_GROUPS]
+    if unknown:
+        raise ValueError(f"unknown linear role(s) {unknown}; roles: {', '.join(ALL_ROLES)}; groups: "
+                         f"{', '.join(ROLE_GROUPS)}")
+    return tuple(dict.fromkeys(r for n in names for r in ROLE_GROUPS.get(n, (n,))))
 _ACTIVATIONS = (torch.nn.SiLU, torch.nn.GELU, torch.nn.ReLU, torch.nn.Tanh, torch.nn.Mish, torch.nn.Sigmoid)
 _PASS_THROUGH = (torch.nn.Dropout, torch.nn.Identity)
 
