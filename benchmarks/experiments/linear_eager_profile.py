@@ -29,6 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import ditgate
+from ditgate.cli.bench_model import check_text
 from ditgate.cli.gpu_busy import busy_from_intervals
 from ditgate.gate.linear import LinearSetting
 from ditgate.hosts.linears import roles_named
@@ -105,12 +106,22 @@ def device_gaps(events, show: int = 8) -> str:
 
 
 def role_routes(plan) -> str:
-    """"feed-forward fp8_linear 24, modulation host 9, ...": what served each role's sites (after a forward)."""
+    """"feed-forward fp8_linear 24, modulation host 9, ...": the form whose weights each role's sites hold (what a
+    compiled graph will run; ``serving`` counts eager calls, and a gated plan's only ones are its calibration's), then
+    why the sites left on the host stayed there: their verdicts' notes and refusals, the commonest first."""
     report = plan.report()
     if report.linear is None:
         return "no linear sites"
-    served = Counter(f"{s.role} {s.serving}" for s in report.linear.sites)
-    return ", ".join(f"{route} {n}" for route, n in sorted(served.items()))
+    held = Counter(f"{s.role} {s.weights}" for s in report.linear.sites)
+    why = Counter()
+    for site in report.linear.sites:
+        if site.weights == "host":
+            for v in site.verdicts:
+                why.update([f"{site.role}: {v.note}"[:160]] if v.note else [])
+                why.update(f"{site.role}: {r.text()}"[:160] for r in v.refusals if r.kind != "not allowed")
+    lines = [", ".join(f"{route} {n}" for route, n in sorted(held.items()))]
+    lines += [f"  {n} x {reason}" for reason, n in why.most_common(12)]
+    return "\n".join(lines)
 
 
 def plan_setting(spec: str, compiled: bool) -> tuple[bool, str, LinearSetting | None]:
@@ -189,6 +200,8 @@ def main() -> None:
         forward()  # eager: calibrates a gated plan, starts the state of forms that keep one
         print(f"== {form}: routes {plan_routes(plan)} (attach and first forward {time.perf_counter() - started:.1f} s)")
         print(f"== {form}: per role: {role_routes(plan)}")
+        if measured:
+            print(f"== {form}: whole-model check{check_text(plan)}")
         compiled()
         for _ in range(3):
             forward()
