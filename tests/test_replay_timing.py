@@ -102,6 +102,38 @@ def test_a_call_a_graph_cannot_hold_is_refused_there_with_the_reason(fake_graphs
     assert any("could not be captured in a CUDA graph" in w and "not permitted" in w for w in why), why
 
 
+def test_a_host_product_a_graph_cannot_hold_turns_device_time_off_for_the_plan_and_says_so(fake_graphs, monkeypatch,
+                                                                                          caplog):
+    """Where the host's own product cannot be captured no form has a device time to compare with: the site is judged
+    again eagerly and so is every later one, under the eager keys, rather than every form refused at every site (an
+    H100 run of compiled Flux whose captures all failed left its whole plan on the host, 0.98x stock, unsaid)."""
+    def refuses(fn, device):
+        if any(c.fn is fn and c.label.startswith("the host's product") for c in fake_graphs):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return FakeGraph(), fn()
+
+    monkeypatch.setattr(replay, "capture", refuses)
+    tiny = Tiny("tiny-wan")
+    with caplog.at_level("WARNING", logger="ditgate.gate"):
+        plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False,
+                              progress=False, linear=LinearSetting(forms=("int8_linear",), compiled=True,
+                                                                   device_time=True, activation_quantization="fused"))
+        tiny.forward()
+    keys = {(k.form, k.variant) for k in plan.chooser.book._entries if k.shape_key.startswith("M")}
+    verdicts = [v for v in plan.chooser.verdicts.values() if v.shape_key.startswith("M")]
+    report, explained = plan.report().linear, plan.explain()
+    plan.detach()
+    assert "timed eagerly, not on the device, from" in " ".join(explained.split())
+    assert keys == {("int8_linear", "compiled: product alone")}  # eager keys, no device-time key
+    assert any(v.form == "int8_linear" for v in verdicts)  # the lenient profile's forms win again
+    assert not any("could not be captured" in r.detail for v in verdicts for r in v.refusals)
+    hosts = [c for c in fake_graphs if c.label.startswith("the host's product")]
+    assert len(hosts) == 1  # the first site tried once; no later site tries again
+    first_site = hosts[0].label.split(" at ", 1)[1]
+    assert report.device_time_off.startswith(f"from {first_site} on: ") and "not permitted" in report.device_time_off
+    assert "timed eagerly, not on the device" in caplog.text
+
+
 def test_a_failed_capture_ends_the_capture_and_reports_the_calls_own_error(monkeypatch):
     """The stand-in graph records the capture's end; the call's error, not the end's, is what propagates."""
     ended = []

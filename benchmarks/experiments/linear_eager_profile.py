@@ -117,8 +117,8 @@ def role_routes(plan) -> str:
     for site in report.linear.sites:
         if site.weights == "host":
             for v in site.verdicts:
-                why.update([f"{site.role}: {v.note}"[:160]] if v.note else [])
-                why.update(f"{site.role}: {r.text()}"[:160] for r in v.refusals if r.kind != "not allowed")
+                why.update([f"{site.role}: {v.note}"[:420]] if v.note else [])
+                why.update(f"{site.role}: {r.text()}"[:420] for r in v.refusals if r.kind != "not allowed")
     lines = [", ".join(f"{route} {n}" for route, n in sorted(held.items()))]
     lines += [f"  {n} x {reason}" for reason, n in why.most_common(12)]
     return "\n".join(lines)
@@ -153,6 +153,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=14, help="rows of the op tables (0: none)")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="no torch.profiler pass at all (a plan timed on the device captures CUDA graphs after it)")
     parser.add_argument("--gaps", action="store_true", help="the device's idle gaps and kernel families per forward")
     parser.add_argument("--stock-after", action="store_true",
                         help="time stock again after the plans (compiled afresh), so drift shows beside the ratios")
@@ -176,6 +178,8 @@ def main() -> None:
             runner["model"] = torch.compile(model, mode=args.compile)
 
     def profiled(label: str):  # one forward under torch.profiler: its op table, and how many device events it launched
+        if args.no_profile:
+            return None, "no profiled"
         torch.cuda.synchronize() if DEVICE == "cuda" else None
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             forward()
@@ -201,14 +205,15 @@ def main() -> None:
         print(f"== {form}: routes {plan_routes(plan)} (attach and first forward {time.perf_counter() - started:.1f} s)")
         print(f"== {form}: per role: {role_routes(plan)}")
         if measured:
-            print(f"== {form}: whole-model check{check_text(plan)}")
+            off = plan.report().linear.device_time_off if setting is not None else ""
+            print(f"== {form}: whole-model check{check_text(plan)}" + (f"; device time off {off}" if off else ""))
         compiled()
         for _ in range(3):
             forward()
         routed = statistics.median(timed(forward) for _ in range(args.rounds))
         print(f"== {form}: routed {routed:.2f} ms, stock {stock:.2f} ms ({stock / routed:.3f}x); one routed forward:")
         table, events = profiled(form)
-        if args.top:
+        if args.top and table is not None:
             print(table.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
             print(table.table(sort_by="self_cuda_time_total", row_limit=args.top, max_name_column_width=48))
         skipped, count = graph_skips(count)

@@ -178,7 +178,7 @@ class LinearPart:
                 bytes_now=r.custody.bytes_now(),
                 clamped_calls=delayed_clamped_calls(r.custody.payload(), *r.candidates.values())))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
-                            sum(s.bytes_now for s in sites))
+                            sum(s.bytes_now for s in sites), getattr(self.context.chooser, "device_time_off", ""))
 
     def detach(self) -> None:
         for r in self.routers:

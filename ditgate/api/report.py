@@ -75,6 +75,9 @@ class LinearRecord:
     sites: tuple[LinearSiteRecord, ...]
     bytes_before: int
     bytes_now: int
+    # why the plan timed its sites eagerly although its setting asked for device time (``LinearSetting.device_time``:
+    # the host's product could not be captured in a CUDA graph, from which site on and the capture's error)
+    device_time_off: str = ""
 
 
 @dataclass(frozen=True)

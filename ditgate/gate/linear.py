@@ -16,6 +16,7 @@ host, the quantized candidates are dropped; where verdicts differ per shape both
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from .book import TimingBook, TimingKey
 from .chooser import GateChooser
 from .contest import Entrant, contest
 from .profiles import Profile
-from .replay import DEVICE_TIME, ReplayClock, replay_clocks
+from .replay import DEVICE_TIME, CaptureFailed, ReplayClock, replay_clocks
 from .verdict import NOT_ALLOWED, RAISED, UNAVAILABLE, UNSUPPORTED, Refusal, Verdict
+
+logger = logging.getLogger("ditgate.gate")
 
 
 # The timing-key variant of a linear form timed for a compiled model (``LinearSetting.compiled``): kept apart in the
@@ -153,6 +156,9 @@ class LinearGateChooser:
         # the contest judges a linear site by the linear floors; speed threshold and rounds are the profile's
         self.profile = dataclasses.replace(gate.profile, min_call_cosine=floors.min_cosine,
                                            max_call_rel_l2=floors.max_rel_l2)
+        # why this plan times its sites eagerly although its setting asked for device time: the host's product could
+        # not be captured in a CUDA graph (then no form's device time has anything to be compared with)
+        self.device_time_off = ""
 
     def decide(self, site: LinearRouter, call: LinearCall) -> Decision:
         return self.gate.decide(site, call)  # the same modes and per-(site, shape key) verdicts as attention
@@ -191,8 +197,10 @@ class LinearGateChooser:
         entrants: list[Entrant] = []
         # a plan for a compiled model that asks for ``device_time`` times on the device (``gate.replay``): the host's
         # product and each form's call replayed from CUDA graphs, as the graph runs them, with none of their Python
-        replayed = self.setting.compiled and self.setting.device_time and replay_clocks(x.device)
-        host_clock = ReplayClock(host, f"the host's product at {site.name}", x.device) if replayed else None
+        replayed = (self.setting.compiled and self.setting.device_time and not self.device_time_off
+                    and replay_clocks(x.device))
+        host_clock = _HostClock(host, f"the host's product at {site.name}", x.device,
+                                lambda exc: self._device_time_failed(site.name, exc)) if replayed else None
         for name, form in self.forms.items():
             if self.setting.forms is not None and name not in self.setting.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named linear forms "
@@ -227,9 +235,36 @@ class LinearGateChooser:
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book, x.device)
         if book is not self.gate.book:
             self.gate.book.timed += book.timed
+        if replayed and self.device_time_off:  # the host's product could not be captured: judged again, eagerly
+            return self._judge(site, call, x, host, host_out)
         chosen = result.chosen
         return Verdict(site.name, call.shape_key, chosen.form if chosen else None, "measured", chosen,
                        result.measured, tuple(refusals) + result.refusals)
+
+
+    def _device_time_failed(self, site_name: str, exc: CaptureFailed) -> None:
+        """The host's product at a site could not be captured in a CUDA graph: this site and every later one are timed
+        eagerly (under the eager timing keys). Such a capture fails for a reason of the process (the driver, a
+        profiler, another capture in flight), not of one site, and a plan whose every form were refused for want of
+        a host time to compare with would leave the model as it came, silently."""
+        self.device_time_off = f"from {site_name} on: {exc}"
+        logger.warning("ditgate gate: linear sites timed eagerly, not on the device, %s", self.device_time_off)
+
+
+class _HostClock(ReplayClock):
+    """The host's product at a site, replayed; a failed capture also tells the chooser (``on_failure``)."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], label: str, device: torch.device,
+                 on_failure: Callable[[CaptureFailed], None]) -> None:
+        super().__init__(fn, label, device)
+        self.on_failure = on_failure
+
+    def prime(self) -> None:
+        try:
+            super().prime()
+        except CaptureFailed as exc:
+            self.on_failure(exc)
+            raise
 
 
 def _product(form: LinearForm, x: torch.Tensor, weights, bias: torch.Tensor | None) -> Callable[[], torch.Tensor]:
