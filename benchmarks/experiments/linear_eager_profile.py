@@ -29,7 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import ditgate
-from ditgate.cli.bench_model import check_text
+from ditgate.cli.bench_model import check_text, chosen_routes
 from ditgate.cli.gpu_busy import busy_from_intervals
 from ditgate.gate.linear import LinearSetting
 from ditgate.hosts.linears import roles_named
@@ -138,12 +138,10 @@ def plan_setting(spec: str, compiled: bool) -> tuple[bool, str, LinearSetting | 
 
 
 def plan_routes(plan) -> str:
-    """"sdpa_cudnn 16, linear fp8_linear 128, linear host 42": what served each site most (after a forward)."""
-    report = plan.report()
-    served = Counter(s.serving for s in report.sites)
-    if report.linear is not None:
-        served.update(f"linear {s.serving}" for s in report.linear.sites)
-    return ", ".join(f"{route} {n}" for route, n in served.most_common())
+    """"fa3_fp8 16, linear fp8_linear 128, linear host 42": the route each site's last verdict chose and the weights
+    each linear site holds, what a compiled graph traces (``bench_model.chosen_routes``; the eager calls a gated plan
+    counted are its calibration's, all served by the host)."""
+    return ", ".join(f"{route} {n}" for route, n in chosen_routes(plan).most_common())
 
 
 def main() -> None:
