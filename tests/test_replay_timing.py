@@ -116,21 +116,23 @@ def test_a_host_product_a_graph_cannot_hold_turns_device_time_off_for_the_plan_a
     tiny = Tiny("tiny-wan")
     with caplog.at_level("WARNING", logger="ditgate.gate"):
         plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False,
-                              progress=False, linear=LinearSetting(forms=("int8_linear",), compiled=True,
-                                                                   device_time=True, activation_quantization="fused"))
+                              progress=False, linear=LinearSetting(forms=("int8_linear", "fp8_linear"),
+                                                                   compiled=True, device_time=True,
+                                                                   activation_quantization="fused"))
         tiny.forward()
     keys = {(k.form, k.variant) for k in plan.chooser.book._entries if k.shape_key.startswith("M")}
     verdicts = [v for v in plan.chooser.verdicts.values() if v.shape_key.startswith("M")]
     report, explained = plan.report().linear, plan.explain()
     plan.detach()
-    assert "timed eagerly, not on the device, from" in " ".join(explained.split())
-    assert keys == {("int8_linear", "compiled: product alone")}  # eager keys, no device-time key
+    assert "timed eagerly, not on the device, from the site named here on" in " ".join(explained.split())
+    assert keys == {(f, "compiled: product alone") for f in ("int8_linear", "fp8_linear")}  # eager keys only
     assert any(v.form == "int8_linear" for v in verdicts)  # the lenient profile's forms win again
     assert not any("could not be captured" in r.detail for v in verdicts for r in v.refusals)
     hosts = [c for c in fake_graphs if c.label.startswith("the host's product")]
     assert len(hosts) == 1  # the first site tried once; no later site tries again
-    first_site = hosts[0].label.split(" at ", 1)[1]
-    assert report.device_time_off.startswith(f"from {first_site} on: ") and "not permitted" in report.device_time_off
+    assert report.device_time_off.startswith(f"{hosts[0].label} could not be captured")
+    assert "not permitted" in report.device_time_off
+    assert caplog.text.count("timed eagerly, not on the device") == 1  # said once, though each form met the failure
     assert "timed eagerly, not on the device" in caplog.text
 
 
@@ -150,7 +152,9 @@ def test_a_failed_capture_ends_the_capture_and_reports_the_calls_own_error(monke
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(replay, "_CAPTURING", type("C", (), {"of": lambda self, d: (FakeStream(), None)})())
+    retired = []
+    monkeypatch.setattr(replay, "_CAPTURING", type("C", (), {"of": lambda self, d: (FakeStream(), None),
+                                                             "retire": lambda self, d: retired.append(d)})())
     calls = []
 
     def call():
@@ -163,6 +167,38 @@ def test_a_failed_capture_ends_the_capture_and_reports_the_calls_own_error(monke
     with pytest.raises(replay.CaptureFailed, match="blocks.0.ffn.net.2 could not be captured.*not permitted"):
         clock()
     assert ended == [1] and clock.graph is None and len(calls) == 2  # the warm call, then the capture's
+    assert retired == [torch.device("cuda")]  # its pool, left recording by the failed end, is not captured into again
+    with pytest.raises(replay.CaptureFailed, match="not permitted"):
+        clock.prime()  # the failure again, with nothing run or captured
+    assert len(calls) == 2 and ended == [1]
+
+
+def test_a_capture_whose_end_fails_retires_its_stream_and_pool_for_the_next(monkeypatch):
+    """torch's capture_end raises before it stops routing allocations to the pool; a pool left recording fails every
+    later capture into it (the next site's host product's too), so a failed capture takes a new stream and pool."""
+    class Graph(FakeGraph):
+        def capture_begin(self, **kw):
+            begun.append(kw["pool"])
+
+        def capture_end(self):
+            if len(begun) == 1:
+                raise RuntimeError("operation not permitted when stream is capturing")
+
+    begun: list = []
+    pools = iter(range(10))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(replay, "_CAPTURING", replay._Capturing())
+    cuda = torch.device("cuda")
+    with pytest.raises(RuntimeError, match="not permitted"):
+        replay.capture(lambda: torch.ones(2), cuda)
+    replay.capture(lambda: torch.ones(2), cuda)
+    assert begun == [0, 1]  # the second capture went into a pool of its own
 
 
 class FakeStream:

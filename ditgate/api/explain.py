@@ -6,6 +6,7 @@ import io
 import math
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..gate.verdict import NOT_ALLOWED, UNAVAILABLE
@@ -44,8 +45,9 @@ def _linear_table(linear: LinearRecord, measured: bool) -> Table:
     title = (f"linear sites: {_bytes(linear.bytes_before)} -> {_bytes(linear.bytes_now)} on the device "
              f"(host weights of quantized sites kept on the {linear.keep_host})")
     table = Table(title=title, show_lines=measured, expand=False,
-                  caption=f"timed eagerly, not on the device, {linear.device_time_off}" if linear.device_time_off
-                  else None)
+                  caption=escape("timed eagerly, not on the device, from the site named here on: "
+                                 + linear.device_time_off)
+                  if linear.device_time_off else None)
     for col in ("site", "role", "shape(s)", "serving", "calls", "fallbacks", "weights", "bytes before -> now"):
         table.add_column(col, overflow="fold")
     if measured:

@@ -75,8 +75,9 @@ class LinearRecord:
     sites: tuple[LinearSiteRecord, ...]
     bytes_before: int
     bytes_now: int
-    # why the plan timed its sites eagerly although its setting asked for device time (``LinearSetting.device_time``:
-    # the host's product could not be captured in a CUDA graph, from which site on and the capture's error)
+    # why the plan timed its sites eagerly although its setting asked for device time (``LinearSetting.device_time``):
+    # the capture error of the first site whose host product could not be captured in a CUDA graph, which names it;
+    # that site and every later one were timed eagerly. Not kept in a receipt: a plan re-applied measures nothing
     device_time_off: str = ""
 
 

@@ -132,7 +132,10 @@ def bench_compiled(preset: ModelPreset, model: torch.nn.Module, device: torch.de
             record(cfg, r, ms, peak, out)
     for cfg in configs:  # after the rounds, so that each site says what its graphs traced, not only calibration's calls
         if cfg.plan is not None:
-            explains[cfg.name] = cfg.plan.explain()
+            try:
+                explains[cfg.name] = cfg.plan.explain()
+            except Exception as exc:  # the rows' timings stand without it
+                explains[cfg.name] = f"explain() raised {type(exc).__name__}: {exc}"
     return _rows(preset, configs, reference)
 
 

@@ -247,8 +247,10 @@ class LinearGateChooser:
         eagerly (under the eager timing keys). Such a capture fails for a reason of the process (the driver, a
         profiler, another capture in flight), not of one site, and a plan whose every form were refused for want of
         a host time to compare with would leave the model as it came, silently."""
-        self.device_time_off = f"from {site_name} on: {exc}"
-        logger.warning("ditgate gate: linear sites timed eagerly, not on the device, %s", self.device_time_off)
+        if not self.device_time_off:  # the site's other forms meet the same clock's failure again: said once
+            self.device_time_off = str(exc)  # it names the site
+            logger.warning("ditgate gate: linear sites timed eagerly, not on the device, from %s on: %s", site_name,
+                           exc)
 
 
 class _HostClock(ReplayClock):

@@ -35,11 +35,27 @@ class _Capturing:
         self._by_device: dict[int, tuple[torch.cuda.Stream, tuple]] = {}
 
     def of(self, device: torch.device) -> tuple[torch.cuda.Stream, tuple]:
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _index(device)
         if index not in self._by_device:
             with torch.cuda.device(index):
                 self._by_device[index] = (torch.cuda.Stream(), torch.cuda.graph_pool_handle())
         return self._by_device[index]
+
+    def retire(self, device: torch.device) -> None:
+        """After a failed capture: the next capture gets a stream and pool of its own. A capture whose end fails
+        (torch's ``capture_end`` raises before it stops routing allocations to the pool) leaves its pool recording,
+        and every later capture into it would fail with it, the next site's host product's among them."""
+        index = _index(device)
+        held = self._by_device.pop(index, None)
+        if held is not None:
+            try:
+                torch._C._cuda_endAllocateToPool(index, held[1])
+            except Exception:
+                pass  # already ended, or a torch without this call: the pool is dropped either way
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 _CAPTURING = _Capturing()
@@ -55,15 +71,20 @@ class ReplayClock:
         self.fn, self.label, self.device = fn, label, device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
+        self.failure: CaptureFailed | None = None  # a capture that failed is not tried again
 
     def prime(self) -> None:
-        """Capture now, if not yet (untimed: a sample must not hold the warm call and the capture)."""
+        """Capture now, if not yet (untimed: a sample must not hold the warm call and the capture); a clock whose
+        capture failed raises that failure again without running anything."""
+        if self.failure is not None:
+            raise self.failure
         if self.graph is None:
             try:
                 self.graph, self.out = capture(self.fn, self.device)
             except Exception as exc:
-                raise CaptureFailed(f"{self.label} could not be captured in a CUDA graph for its device time: "
-                                    f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+                self.failure = CaptureFailed(f"{self.label} could not be captured in a CUDA graph for its device "
+                                             f"time: {type(exc).__name__}: {str(exc)[:300]}")
+                raise self.failure from exc
 
     def __call__(self) -> torch.Tensor:
         self.prime()
@@ -80,16 +101,24 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch
     stream.wait_stream(current)
     with torch.cuda.device(device), torch.cuda.stream(stream):
         fn()
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        begun = False
         try:
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            begun = True
             out = fn()
         except BaseException:
-            try:
-                graph.capture_end()
-            except Exception:
-                pass  # the call's own error is the one to report
+            if begun:
+                try:
+                    graph.capture_end()
+                except Exception:
+                    pass  # the call's own error is the one to report
+            _CAPTURING.retire(device)
             raise
-        graph.capture_end()
+        try:
+            graph.capture_end()
+        except BaseException:
+            _CAPTURING.retire(device)
+            raise
     current.wait_stream(stream)
     return graph, out
 

@@ -50,6 +50,8 @@ def roles_named(names) -> tuple[str, ...]:
         raise ValueError(f"unknown linear role(s) {unknown}; roles: {', '.join(ALL_ROLES)}; groups: "
                          f"{', '.join(ROLE_GROUPS)}")
     return tuple(dict.fromkeys(r for n in names for r in ROLE_GROUPS.get(n, (n,))))
+
+
 _ACTIVATIONS = (torch.nn.SiLU, torch.nn.GELU, torch.nn.ReLU, torch.nn.Tanh, torch.nn.Mish, torch.nn.Sigmoid)
 _PASS_THROUGH = (torch.nn.Dropout, torch.nn.Identity)
 
