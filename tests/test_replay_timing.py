@@ -82,15 +82,20 @@ def test_an_eager_plan_a_plan_not_asking_and_a_plan_without_cuda_graphs_time_as_
     assert keys == {("int8_linear", "compiled: product alone")} and not fake_graphs
 
 
-def test_a_call_a_graph_cannot_hold_is_refused_there_with_the_reason(fake_graphs, monkeypatch):
-    """No device time, no comparison: the form stays off that key (and a call a CUDA graph cannot hold would not
-    survive ``mode="reduce-overhead"`` either); the host's product still captures."""
-    def refuses(fn, device):
-        if any(c.fn is fn and c.label.startswith("int8_linear") for c in fake_graphs):
+def _refusing(clocks, label_start: str):
+    """A stand-in capture that fails for the clocks whose label starts with ``label_start`` and captures the rest."""
+    def capture(fn, device):
+        if any(c.fn is fn and c.label.startswith(label_start) for c in clocks):
             raise RuntimeError("operation not permitted when stream is capturing")
         return FakeGraph(), fn()
 
-    monkeypatch.setattr(replay, "capture", refuses)
+    return capture
+
+
+def test_a_call_a_graph_cannot_hold_is_refused_there_with_the_reason(fake_graphs, monkeypatch):
+    """No device time, no comparison: the form stays off that key (and a call a CUDA graph cannot hold would not
+    survive ``mode="reduce-overhead"`` either); the host's product still captures."""
+    monkeypatch.setattr(replay, "capture", _refusing(fake_graphs, "int8_linear"))
     tiny = Tiny("tiny-wan")
     plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False, progress=False,
                           linear=LinearSetting(forms=("int8_linear",), compiled=True, device_time=True))
@@ -107,12 +112,7 @@ def test_a_host_product_a_graph_cannot_hold_turns_device_time_off_for_the_plan_a
     """Where the host's own product cannot be captured no form has a device time to compare with: the site is judged
     again eagerly and so is every later one, under the eager keys, rather than every form refused at every site (an
     H100 run of compiled Flux whose captures all failed left its whole plan on the host, 0.98x stock, unsaid)."""
-    def refuses(fn, device):
-        if any(c.fn is fn and c.label.startswith("the host's product") for c in fake_graphs):
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return FakeGraph(), fn()
-
-    monkeypatch.setattr(replay, "capture", refuses)
+    monkeypatch.setattr(replay, "capture", _refusing(fake_graphs, "the host's product"))
     tiny = Tiny("tiny-wan")
     with caplog.at_level("WARNING", logger="ditgate.gate"):
         plan = ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False,

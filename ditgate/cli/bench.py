@@ -306,10 +306,9 @@ def _run_calibration(args) -> int:
 
 def _linear_settings(args):
     """The linear settings from ``--linear`` / ``--linear-forms`` / ``--linear-roles`` / ``--linear-device-time`` /
-    ``--activation-quantization`` (one per way of
-    quantizing an activation's output), or None; ValueError on bad values."""
+    ``--activation-quantization`` (one per way of quantizing an activation's output), or None; ValueError on bad
+    values."""
     from ..gate.linear import LinearSetting
-
     from ..hosts.linears import roles_named
 
     named_roles = getattr(args, "linear_roles", None)

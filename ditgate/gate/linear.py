@@ -199,8 +199,7 @@ class LinearGateChooser:
         # product and each form's call replayed from CUDA graphs, as the graph runs them, with none of their Python
         replayed = (self.setting.compiled and self.setting.device_time and not self.device_time_off
                     and replay_clocks(x.device))
-        host_clock = _HostClock(host, f"the host's product at {site.name}", x.device,
-                                lambda exc: self._device_time_failed(site.name, exc)) if replayed else None
+        host_clock = ReplayClock(host, f"the host's product at {site.name}", x.device) if replayed else None
         for name, form in self.forms.items():
             if self.setting.forms is not None and name not in self.setting.forms:
                 refusals.append(Refusal(name, NOT_ALLOWED, f"not among the named linear forms "
@@ -235,38 +234,20 @@ class LinearGateChooser:
         result = contest(site.name, call.shape_key, entrants, host, host_out, self.profile, book, x.device)
         if book is not self.gate.book:
             self.gate.book.timed += book.timed
-        if replayed and self.device_time_off:  # the host's product could not be captured: judged again, eagerly
+        if host_clock is not None and host_clock.failure is not None:  # no host time to compare with: eagerly again
+            self._device_time_failed(site.name, host_clock.failure)
             return self._judge(site, call, x, host, host_out)
         chosen = result.chosen
         return Verdict(site.name, call.shape_key, chosen.form if chosen else None, "measured", chosen,
                        result.measured, tuple(refusals) + result.refusals)
-
 
     def _device_time_failed(self, site_name: str, exc: CaptureFailed) -> None:
         """The host's product at a site could not be captured in a CUDA graph: this site and every later one are timed
         eagerly (under the eager timing keys). Such a capture fails for a reason of the process (the driver, a
         profiler, another capture in flight), not of one site, and a plan whose every form were refused for want of
         a host time to compare with would leave the model as it came, silently."""
-        if not self.device_time_off:  # the site's other forms meet the same clock's failure again: said once
-            self.device_time_off = str(exc)  # it names the site
-            logger.warning("ditgate gate: linear sites timed eagerly, not on the device, from %s on: %s", site_name,
-                           exc)
-
-
-class _HostClock(ReplayClock):
-    """The host's product at a site, replayed; a failed capture also tells the chooser (``on_failure``)."""
-
-    def __init__(self, fn: Callable[[], torch.Tensor], label: str, device: torch.device,
-                 on_failure: Callable[[CaptureFailed], None]) -> None:
-        super().__init__(fn, label, device)
-        self.on_failure = on_failure
-
-    def prime(self) -> None:
-        try:
-            super().prime()
-        except CaptureFailed as exc:
-            self.on_failure(exc)
-            raise
+        self.device_time_off = str(exc)  # it names the site
+        logger.warning("ditgate gate: linear sites timed eagerly, not on the device, from %s on: %s", site_name, exc)
 
 
 def _product(form: LinearForm, x: torch.Tensor, weights, bias: torch.Tensor | None) -> Callable[[], torch.Tensor]:
