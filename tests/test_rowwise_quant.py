@@ -35,3 +35,14 @@ def test_int8_ties_round_to_even():
     values, scales = quantize_rows(x, fp8=False)
     assert scales.item() == 1.0
     assert values.tolist() == [[127, 0, 2, 2, 0, -2, -2, 3]]
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_a_column_major_input_gives_the_same_bits(fp8):
+    """A transposed input (column stride = rows): the kernel's column offsets are 64-bit, as its row offsets are."""
+    x = torch.randn(300, 24, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).t()
+    assert x.stride() == (1, 24)
+    values, scales = quantize_rows(x, fp8=fp8)
+    ref_values, ref_scales = (quantize_fp8 if fp8 else quantize_int8)(x)
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(values.view(torch.uint8) if fp8 else values, ref_values.view(torch.uint8) if fp8 else ref_values)

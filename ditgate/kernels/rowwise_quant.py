@@ -50,7 +50,7 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
-        x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(X + base + cols[None, :].to(tl.int64) * sxk, mask=inside, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
     if GRID_FIRST:
         scale = tl.maximum(tl.math.div_rn(amax, LARGEST), 1e-12)  # IEEE division, as torch's on a CPU
@@ -61,7 +61,7 @@ def _rowwise_kernel(X, Q, S, M, K, sxm, sxk, LARGEST: tl.constexpr, FP8: tl.cons
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         inside = inside_rows[:, None] & (cols[None, :] < K)
-        x = tl.load(X + base + cols[None, :] * sxk, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(X + base + cols[None, :].to(tl.int64) * sxk, mask=inside, other=0.0).to(tl.float32)
         y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -LARGEST), LARGEST)  # IEEE division, as torch
         if FP8:
             if GRID_FIRST:
