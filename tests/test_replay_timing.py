@@ -14,6 +14,7 @@ import ditgate
 from ditgate.gate import linear as linear_gate
 from ditgate.gate import replay
 from ditgate.gate.linear import LinearSetting
+from ditgate.gate.receipt import load_receipt
 from ditgate.gate.replay import DEVICE_TIME, ReplayClock
 
 from .helpers import LENIENT_SPEED, Tiny
@@ -108,7 +109,7 @@ def test_a_call_a_graph_cannot_hold_is_refused_there_with_the_reason(fake_graphs
 
 
 def test_a_host_product_a_graph_cannot_hold_turns_device_time_off_for_the_plan_and_says_so(fake_graphs, monkeypatch,
-                                                                                          caplog):
+                                                                                          caplog, tmp_path):
     """Where the host's own product cannot be captured no form has a device time to compare with: the site is judged
     again eagerly and so is every later one, under the eager keys, rather than every form refused at every site (an
     H100 run of compiled Flux whose captures all failed left its whole plan on the host, 0.98x stock, unsaid)."""
@@ -123,8 +124,10 @@ def test_a_host_product_a_graph_cannot_hold_turns_device_time_off_for_the_plan_a
     keys = {(k.form, k.variant) for k in plan.chooser.book._entries if k.shape_key.startswith("M")}
     verdicts = [v for v in plan.chooser.verdicts.values() if v.shape_key.startswith("M")]
     report, explained = plan.report().linear, plan.explain()
+    saved = load_receipt(plan.save(tmp_path / "receipt.json"))
     plan.detach()
     assert "timed eagerly, not on the device, from the site named here on" in " ".join(explained.split())
+    assert saved.linear_device_time_off == report.device_time_off  # the receipt says how its verdicts were timed
     assert keys == {(f, "compiled: product alone") for f in ("int8_linear", "fp8_linear")}  # eager keys only
     assert any(v.form == "int8_linear" for v in verdicts)  # the lenient profile's forms win again
     assert not any("could not be captured" in r.detail for v in verdicts for r in v.refusals)

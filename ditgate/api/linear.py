@@ -27,9 +27,10 @@ logger = logging.getLogger("ditgate")
 
 def serving_route(counts, traces=()) -> str:
     """The route that served most live calls of a site (calibration calls aside); where no live call was counted,
-    the route compiled graphs traced most (``traces``: the ledger's ``trace_counts``; calls a graph serves run none
-    of our Python, so a compiled model's only counted calls are its calibration's); "host" when only calibration
-    ran, "-" before any call."""
+    the route compiled graphs traced most since the plan's routes last changed (``traces``: the ledger's
+    ``current_trace_counts``, so that a graph traced before calibration or before a verdict was reverted does not
+    count; calls a graph serves run none of our Python, so a compiled model's only counted calls are its
+    calibration's); "host" when only calibration ran, "-" before any call."""
     live = [c for c in counts if c.reason != "calibrating"]
     if live:
         return max(live, key=lambda c: c.calls).route
@@ -172,13 +173,18 @@ class LinearPart:
             counts = r.ledger.route_counts()
             sites.append(LinearSiteRecord(
                 name=r.name, role=r.role, shapes=tuple(r.shapes), calls=r.ledger.calls,
-                serving=serving_route(counts, r.ledger.trace_counts()),
+                serving=serving_route(counts, r.ledger.current_trace_counts()),
                 routes=counts, failures=r.ledger.failure_counts(), verdicts=tuple(by_site.get(r.name, ())),
                 weights=r.custody.payload_form or HOST, bytes_before=r.custody.bytes_before(), aside=r.aside,
                 bytes_now=r.custody.bytes_now(),
                 clamped_calls=delayed_clamped_calls(r.custody.payload(), *r.candidates.values())))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
-                            sum(s.bytes_now for s in sites), getattr(self.context.chooser, "device_time_off", ""))
+                            sum(s.bytes_now for s in sites), self.device_time_off)
+
+    @property
+    def device_time_off(self) -> str:
+        """Why a plan that asked to time its sites on the device timed them eagerly (``LinearGateChooser``), or ""."""
+        return getattr(self.context.chooser, "device_time_off", "")
 
     def detach(self) -> None:
         for r in self.routers:

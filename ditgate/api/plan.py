@@ -339,7 +339,7 @@ class Plan:
             for index in sorted(att.router.sites):
                 s = att.router.sites[index]
                 counts = s.ledger.route_counts()
-                serving = serving_route(counts, s.ledger.trace_counts())
+                serving = serving_route(counts, s.ledger.current_trace_counts())
                 sites.append(SiteRecord(
                     name=s.name, module=s.module_path, role=s.role or s.role_hint, call_index=s.call_index,
                     convention=s.convention.value, shapes=tuple(c.shapes_text() + f" {c.dtype}" for c in s.shapes.values()),
@@ -372,7 +372,8 @@ class Plan:
         return Receipt(environment=environment(self.device), models=_models_info(self.denoisers),
                        profile=self.profile, verdicts=tuple(self.chooser.verdicts.values()),
                        whole_model=tuple(self._whole), created=now(), parallel=parallel_records(self.denoisers),
-                       linear_histories=self.linear.histories() if self.linear is not None else {})
+                       linear_histories=self.linear.histories() if self.linear is not None else {},
+                       linear_device_time_off=self.linear.device_time_off if self.linear is not None else "")
 
     def save(self, path: str | Path) -> Path:
         """Write the receipt (environment, profile, every verdict, content hash) to ``path``."""

@@ -46,6 +46,9 @@ class Receipt:
     # linear site -> the largest input absmax its form saw (``forms.linear_delayed``'s history): a plan re-applied
     # from the receipt starts there, so its compiled calls need no eager forward first
     linear_histories: dict = field(default_factory=dict)
+    # why a plan that asked to time its linear sites on the device timed them eagerly (its verdicts' timing keys say
+    # which), or "": a receipt re-applied elsewhere says what its linear verdicts were measured as
+    linear_device_time_off: str = ""
 
     def payload(self) -> dict:
         return {
@@ -58,6 +61,7 @@ class Receipt:
             "whole_model": [w.__dict__ for w in self.whole_model],
             "parallel": self.parallel,
             "linear_histories": self.linear_histories,
+            **({"linear_device_time_off": self.linear_device_time_off} if self.linear_device_time_off else {}),
         }
 
     def to_json(self) -> str:
@@ -132,4 +136,5 @@ def load_receipt(path: str | Path) -> Receipt:
         created=payload["created"],
         parallel=payload.get("parallel", {}),
         linear_histories=payload.get("linear_histories", {}),
+        linear_device_time_off=payload.get("linear_device_time_off", ""),
     )
