@@ -214,3 +214,18 @@ def test_a_compiled_models_report_says_what_its_graphs_serve_not_the_host():
     attention = [s for s in report.sites if s.compiled]
     assert attention and all(s.serving == s.compiled[0].route for s in attention)
     assert {s.serving for s in calibrated.sites} == {"host"}  # eagerly, calibration alone
+
+
+def test_serving_counts_only_the_traces_of_the_current_routes():
+    """A site traced on the host by graphs made before calibration (or before a verdict was reverted) serves what the
+    graphs traced since its routes last changed, however many older traces there were."""
+    from ditgate.api.linear import serving_route
+    from ditgate.router.ledger import SiteLedger
+
+    ledger = SiteLedger()
+    for _ in range(3):  # three graphs compiled before calibration, each holding the host here
+        ledger.traced("host", "shape not measured yet", generation=1)
+    ledger.traced("fp8_linear", "", generation=2)  # one graph since the verdict
+    assert serving_route((), ledger.trace_counts()) == "host"  # every trace since attach
+    assert serving_route((), ledger.current_trace_counts()) == "fp8_linear"
+    assert sum(c.calls for c in ledger.trace_counts()) == 4  # the history stays in ``trace_counts``

@@ -35,6 +35,10 @@ class SiteLedger:
     # routes baked into torch.compile graphs: (route, reason) -> traces. Calls a compiled graph serves run no
     # Python of ours, so they are not counted in ``routes``; each trace that compiled a route in is.
     traces: Counter = field(default_factory=Counter)
+    # the same, for the traces made since the plan's generation last changed (``RouterContext.generation``): what the
+    # graphs of the current routes hold, where ``traces`` keeps every route any graph held since attach
+    current_traces: Counter = field(default_factory=Counter)
+    trace_generation: int | None = None
 
     def served(self, form: str) -> None:
         self.routes[(form, "")] += 1
@@ -42,8 +46,12 @@ class SiteLedger:
     def hosted(self, reason: str) -> None:
         self.routes[(HOST, reason)] += 1
 
-    def traced(self, route: str, reason: str) -> None:
+    def traced(self, route: str, reason: str, generation: int | None = None) -> None:
         self.traces[(route, reason)] += 1
+        if generation != self.trace_generation:
+            self.current_traces.clear()
+            self.trace_generation = generation
+        self.current_traces[(route, reason)] += 1
 
     def failed(self, form: str, error: BaseException) -> bool:
         """Count a call-time failure; True when this failure disables the form for the site."""
@@ -60,6 +68,11 @@ class SiteLedger:
     def trace_counts(self) -> tuple[RouteCount, ...]:
         """Like ``route_counts``, with ``calls`` the number of compiled graphs that traced the route."""
         return tuple(RouteCount(r, why, n) for (r, why), n in sorted(self.traces.items(), key=lambda kv: -kv[1]))
+
+    def current_trace_counts(self) -> tuple[RouteCount, ...]:
+        """``trace_counts`` of the traces since the plan's generation last changed."""
+        return tuple(RouteCount(r, why, n)
+                     for (r, why), n in sorted(self.current_traces.items(), key=lambda kv: -kv[1]))
 
     def failure_counts(self) -> tuple[FailureCount, ...]:
         return tuple(

@@ -259,7 +259,7 @@ class LinearRouter:
         measured in a trace: a call the chooser would measure goes to the host there, until an eager call at its
         shape measures it."""
         name, why = self._route_of(shape, dtype, device, requires_grad, grad_enabled, autocast)
-        self.ledger.traced(name or HOST, why)  # what the graph holds here, counted per trace (its calls are not)
+        self.ledger.traced(name or HOST, why, generation)  # what the graph holds here, per trace (not per call)
         settled = name is not None and name == self.custody.payload_form
         fast = bool(getattr(self.context.forms[name], "fast_accumulation", False)) if name is not None else False
         return name, why, self.custody.payload_dtypes() if settled else None, fast, self.quantizes_apart

@@ -84,7 +84,8 @@ class ModuleRouter:
     @torch._dynamo.assume_constant_result
     def note_trace(self, index: int, convention: Convention, route: str, reason: str) -> None:
         """What a trace put in its graph for this call, counted in the site's ledger."""
-        self.site(index, convention).ledger.traced(route, reason)
+        site = self.site(index, convention)
+        site.ledger.traced(route, reason, site.context.generation)
 
     def entries(self) -> dict[Convention, Callable]:
         made: dict[Convention, Callable] = {}
