@@ -44,10 +44,13 @@ def _verdict_cells(site) -> tuple[str, str, str, str, str]:
 def _linear_table(linear: LinearRecord, measured: bool) -> Table:
     title = (f"linear sites: {_bytes(linear.bytes_before)} -> {_bytes(linear.bytes_now)} on the device "
              f"(host weights of quantized sites kept on the {linear.keep_host})")
+    captions = (["timed eagerly, not on the device, from the site named here on: " + linear.device_time_off]
+                if linear.device_time_off else [])
+    if linear.left_alone:
+        captions.append(f"{len(linear.left_alone)} linear module(s) left to the host, first "
+                        f"{linear.left_alone[0][0]}: {linear.left_alone[0][1]}")
     table = Table(title=title, show_lines=measured, expand=False,
-                  caption=escape("timed eagerly, not on the device, from the site named here on: "
-                                 + linear.device_time_off)
-                  if linear.device_time_off else None)
+                  caption=escape("\n".join(captions)) if captions else None)
     for col in ("site", "role", "shape(s)", "serving", "calls", "fallbacks", "weights", "bytes before -> now"):
         table.add_column(col, overflow="fold")
     if measured:

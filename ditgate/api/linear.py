@@ -16,6 +16,7 @@ from ..forms.linear import LinearCall, LinearForm
 from ..forms.linear_delayed import delayed_clamped_calls
 from ..gate.linear import LinearSetting, settle_sites
 from ..gate.verdict import Verdict
+from ..hosts.held_guards import guard_casts, guard_load_state_dict
 from ..hosts.linear_weights import guard_fuse_lora
 from ..hosts.linears import find_linear_sites
 from ..router import HOST, RouterContext
@@ -61,15 +62,23 @@ class LinearPart:
         self.context = LinearContext(forms=forms, chooser=chooser, route=route, keep_host=setting.keep_host,
                                      quantize_apart=setting.activation_quantization == "apart")
         self.routers: list[LinearRouter] = []
+        # linears of the routed roles the plan leaves to the host, with why (``hosts.linears.left_alone``)
+        self.left_alone: list[tuple[str, str]] = []
         self._unguard: list = []
 
     def install(self, denoisers: list[tuple[str, torch.nn.Module]]) -> None:
         roles = set(self.setting.routed_roles(self.measuring))
         for name, model in denoisers:
             for site in find_linear_sites(model, prefix=name):
-                if site.role in roles:
+                if site.role in roles and site.left_alone:
+                    self.left_alone.append((site.path, site.left_alone))
+                elif site.role in roles:
                     self.routers.append(LinearRouter(self.context, site))
-            self._unguard.append(guard_fuse_lora(model, self.quantized_sites))
+            self._unguard += [guard_fuse_lora(model, self.quantized_sites), guard_casts(model),
+                              guard_load_state_dict(model)]
+        if self.left_alone:
+            logger.warning("ditgate: %d linear module(s) left to the host, first %s: %s", len(self.left_alone),
+                           *self.left_alone[0])
 
     def quantized_sites(self) -> list[str]:
         return [r.name for r in self.routers if r.custody.payload_form is not None or r.candidates]
@@ -179,7 +188,7 @@ class LinearPart:
                 bytes_now=r.custody.bytes_now(),
                 clamped_calls=delayed_clamped_calls(r.custody.payload(), *r.candidates.values())))
         return LinearRecord(self.setting.keep_host, tuple(sites), sum(s.bytes_before for s in sites),
-                            sum(s.bytes_now for s in sites), self.device_time_off)
+                            sum(s.bytes_now for s in sites), self.device_time_off, tuple(self.left_alone))
 
     @property
     def device_time_off(self) -> str:

@@ -77,8 +77,11 @@ class LinearRecord:
     bytes_now: int
     # why the plan timed its sites eagerly although its setting asked for device time (``LinearSetting.device_time``):
     # the capture error of the first site whose host product could not be captured in a CUDA graph, which names it;
-    # that site and every later one were timed eagerly. Not kept in a receipt: a plan re-applied measures nothing
+    # that site and every later one were timed eagerly (a receipt keeps it as ``linear_device_time_off``)
     device_time_off: str = ""
+    # linear modules of the routed roles that the plan left to the host, with why (``hosts.linears.left_alone``: an
+    # offloading hook, a LoRA fused into the weight, a DoRA adapter)
+    left_alone: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

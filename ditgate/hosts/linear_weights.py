@@ -51,8 +51,15 @@ class HeldWeight(torch.Tensor):
     form: str
 
     @staticmethod
-    def __new__(cls, shape, dtype: torch.dtype, device: torch.device, site: str, form: str):
-        stand_in = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=False)
+    def __new__(cls, shape, dtype: torch.dtype | None = None, device: torch.device | None = None, site: str = "",
+                form: str = "", requires_grad: bool = False):
+        if isinstance(shape, torch.Tensor):  # ``type(param)(values, requires_grad=...)``: accelerate's offloading
+            raise HeldWeightError(
+                "ditgate: a linear weight that an attached plan quantized cannot be rebuilt from other values (what "
+                "accelerate's cpu_offload / enable_sequential_cpu_offload does to every weight); enable the offloading "
+                "before attach (the plan then leaves those modules to the host), or detach the plan first")
+        stand_in = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device,
+                                                       requires_grad=requires_grad)
         stand_in.site, stand_in.form = site, form
         return stand_in
 
@@ -64,7 +71,8 @@ class HeldWeight(torch.Tensor):
                 f"device={self.device})")
 
     def _like(self, device: torch.device | None = None) -> HeldWeight:
-        return HeldWeight(self.shape, self.dtype, device if device is not None else self.device, self.site, self.form)
+        return HeldWeight(self.shape, self.dtype, device if device is not None else self.device, self.site, self.form,
+                          self.requires_grad)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -83,8 +91,10 @@ class HeldWeight(torch.Tensor):
             return me._like(kwargs.get("device"))
         raise HeldWeightError(
             f"ditgate: {me.site}'s weight is quantized ({me.form}) by an attached plan and has no values on the device "
-            f"({func} needs them). Fusing a LoRA into a quantized site (fuse_lora) is refused: its LoRA runs at full "
-            "precision beside the quantized weight instead; to fuse, detach the plan, fuse, and attach again")
+            f"({func} needs them). What reads or writes a quantized site's weight values cannot run while the plan is "
+            "attached (fuse_lora, a DoRA adapter, load_state_dict, a copy of the model): detach the plan "
+            "(plan.detach()), do it, and attach again. A LoRA needs none of that: it runs at full precision beside the "
+            "quantized weight")
 
 
 def _to_cpu_memory(t: torch.Tensor) -> torch.Tensor:
@@ -106,11 +116,17 @@ class WeightCustody:
         self.site = site
         self.module = module
         self.original: torch.nn.Parameter = module._parameters["weight"]
-        self.requires_grad = self.original.requires_grad
         self._forward: Callable | None = None
         self.released_to: str | None = None  # "cpu" / "device" while the stand-in is in place
         self.payload_form: str | None = None
         self._payload_dtypes: dict[str, torch.dtype] = {}  # each payload buffer's own dtype (held as integer bits)
+        self._state_dict_hook = None  # while held: the original's values in ``state_dict()`` in the stand-in's place
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the module's weight takes gradients now: the stand-in's flag while it is held (what PEFT and a
+        user's ``requires_grad_`` set after attach), which ``bring_back_host`` hands back to the original."""
+        return self.module._parameters["weight"].requires_grad
 
     # --- the routed forward --------------------------------------------------------------------------
     def install_forward(self, forward: Callable) -> None:
@@ -167,21 +183,36 @@ class WeightCustody:
         if self.released_to is not None:
             return
         weight = self.original
-        stand_in = HeldWeight(weight.shape, weight.dtype, weight.device, self.site, self.payload_form or "?")
+        stand_in = HeldWeight(weight.shape, weight.dtype, weight.device, self.site, self.payload_form or "?",
+                              weight.requires_grad)
         if keep == "cpu":
             weight.data = _to_cpu_memory(weight.data)
-        self.module._parameters["weight"] = torch.nn.Parameter(stand_in, requires_grad=False)
+        self.module._parameters["weight"] = torch.nn.Parameter(stand_in, requires_grad=weight.requires_grad)
         self.released_to = keep
+        self._state_dict_hook = self.module.register_state_dict_post_hook(  # a function: torch marks it
+            lambda module, state_dict, prefix, meta: self._host_values_in_state_dict(state_dict, prefix))
+
+    def _host_values_in_state_dict(self, state_dict: dict, prefix: str) -> None:
+        """``state_dict()`` of a held site gives the host weight's values (where they wait: pinned CPU memory, or the
+        device) in the stand-in's place, so that ``save_pretrained`` and ``torch.save`` of an attached model write
+        the model as loaded, never the plan's stand-ins or its 8-bit weights (non-persistent buffers)."""
+        key = prefix + "weight"
+        if isinstance(state_dict.get(key), HeldWeight):
+            state_dict[key] = self.original.detach()
 
     def bring_back_host(self) -> None:
         """The host weight back on the module's device (a site that needs the host path at a live shape)."""
         if self.released_to is None:
             return
+        if self._state_dict_hook is not None:
+            self._state_dict_hook.remove()
+            self._state_dict_hook = None
         stand_in = self.module._parameters.get("weight")
         device = stand_in.device if isinstance(stand_in, HeldWeight) else self.original.device
         if self.original.device != device or self.original.is_pinned():
             self.original.data = self.original.data.to(device, copy=True)
         if isinstance(stand_in, HeldWeight):
+            self.original.requires_grad_(stand_in.requires_grad)  # as PEFT or the caller left it after attach
             self.module._parameters["weight"] = self.original
         else:
             logger.warning("ditgate: %s's weight was replaced after attach; leaving the new one in place", self.site)

@@ -19,6 +19,9 @@ Roles, read from where the linear sits (never from class names):
 - ``embedding`` / ``output``: outside every block, before the last block's modules (patch, text, time embedders)
   or after them (the final projection).
 
+A site may be left to the host whatever it would measure (``LinearSite.left_alone``, with why): an offloading hook
+replaced its forward, a LoRA is fused into its weight, or a DoRA adapter reads it (``left_alone``).
+
 A site is also marked ``after_activation`` where its input is an activation's output by structure: a linear in a
 sequence (``nn.ModuleList`` / ``nn.Sequential``, diffusers' ``FeedForward.net``) whose nearest earlier member, past
 dropouts, is not a linear: an activation module, with or without its own projection (diffusers' GELU holds the
@@ -64,10 +67,35 @@ class LinearSite:
     module: torch.nn.Linear
     role: str
     after_activation: bool = False  # its input is an activation's output (see the module docstring)
+    # why the plan leaves this module alone, whatever it would measure (``left_alone``), or ""
+    left_alone: str = ""
 
 
 def is_plain_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
+
+
+def left_alone(module: torch.nn.Module, wrapper: torch.nn.Module | None) -> str:
+    """Why a plan leaves this linear to the host whatever it would measure (empty when it may route it): what holds
+    or reads its weight's values beside its own forward.
+
+    - Something replaced its ``forward`` on the instance before attach: accelerate's hooks
+      (``enable_sequential_cpu_offload``, ``cpu_offload``) and diffusers' leaf-level group offloading do, to bring
+      the weights onto the device around each call and take them away after. The weights a form would quantize are
+      then not there (a meta or an empty copy), and a routed forward in the hook's place would skip the hook.
+    - Its PEFT wrapper (``wrapper``) has a LoRA fused into the weight (``fuse_lora``): unfusing later subtracts the
+      delta from the weight's values, which a quantized site does not keep on the device.
+    - Its PEFT wrapper carries a DoRA adapter (``use_dora``), which reads the weight's values on every call."""
+    if "forward" in module.__dict__:
+        hook = getattr(module, "_hf_hook", None) or getattr(module, "_diffusers_hook", None)
+        what = type(hook if hook is not None else module.__dict__["forward"]).__name__
+        return (f"its forward is replaced on the instance ({what}: an offloading hook?), which moves its weights "
+                "around each call (enable the offloading after attach, or offload the whole model)")
+    if wrapper is not None and getattr(wrapper, "merged", False):
+        return "a LoRA is fused into its weight (fuse_lora); unfuse_lora before attach to route it"
+    if wrapper is not None and any(bool(v) for v in dict(getattr(wrapper, "use_dora", {}) or {}).values()):
+        return "its DoRA adapter reads the weight's values on every call"
+    return ""
 
 
 def _join(*parts: str) -> str:
@@ -99,18 +127,18 @@ def find_linear_sites(model: torch.nn.Module, prefix: str = "") -> list[LinearSi
     for name, module in modules.items():
         if not is_plain_linear(module):
             continue
-        logical = name
+        logical, wrapper = name, None
         inside_wrapper = [w for w in wrapped if name.startswith(w + ".")]
         if inside_wrapper:
             owner = max(inside_wrapper, key=len)
             if name != f"{owner}.base_layer":
                 continue  # one of the adapter's own linears (lora_A, lora_B)
-            logical = owner
+            logical, wrapper = owner, wrapped[owner]
         elif name in wrapped:
             continue  # a wrapper that is itself a linear: its base layer is the site
         found.append(LinearSite(_join(prefix, logical), module, _role(logical, name, modules, attention, blocks,
                                                                    order[name] < last_in_block),
-                                _after_activation(logical, modules)))
+                                _after_activation(logical, modules), left_alone(module, wrapper)))
     return found
 
 

@@ -77,6 +77,9 @@ class LinearRouter:
         self._generation = -1
         self._aside = False
         self.eager_served: set[str] = set()  # forms an eager call at this site ran (``LinearForm.needs_eager_call``)
+        # detach ran: a hook installed after attach that kept this forward (``WeightCustody.remove_forward`` cannot take
+        # it out from under the hook) gets the module's own product, never a form's
+        self.detached = False
         self.custody.install_forward(self.forward)
 
     # --- weights -------------------------------------------------------------------------------------
@@ -150,8 +153,8 @@ class LinearRouter:
         """A call whose signature resolved to a route since the plan's generation last changed replays it (a dict
         lookup: a denoiser makes hundreds of linear calls per forward, and deciding one costs tens of microseconds
         of Python); any other call is decided (``decide``)."""
-        if not isinstance(x, torch.Tensor) or x.ndim == 0:
-            return self.run_host(x)
+        if self.detached or not isinstance(x, torch.Tensor) or x.ndim == 0:
+            return F.linear(x, self.module.weight, self.module.bias)  # a detached site still called (a later hook)
         if _compiling():
             return self._traced(x)
         generation = self.context.route.generation
@@ -159,7 +162,8 @@ class LinearRouter:
             self._routes.clear()
             self._generation = generation
         weight = self.module._parameters["weight"]
-        sig = (x.shape, x.dtype, x.device, weight.device, weight.dtype, torch.is_grad_enabled() and (x.requires_grad or self.custody.requires_grad),
+        sig = (x.shape, x.dtype, x.device, weight.device, weight.dtype,
+               torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad),
                torch.is_autocast_enabled(x.device.type))
         route = self._routes.get(sig)
         if route is not None:
@@ -361,6 +365,7 @@ class LinearRouter:
 
     # --- the way back --------------------------------------------------------------------------
     def detach(self) -> None:
+        self.detached = True
         self.candidates.clear()
         self.eager_served.clear()
         self.custody.restore()
