@@ -207,3 +207,26 @@ def test_a_raising_form_hands_the_call_to_the_host_and_is_counted():
         assert routes[("host", "int8_linear: disabled after 3 failures; last: RuntimeError: int8 exploded on purpose")] \
             == site.calls - 3
     plan.detach()
+
+
+@pytest.mark.parametrize("family", ["tiny-flux", "tiny-wan"])
+def test_the_projections_diffusers_fused_are_per_token_sites_a_static_plan_serves(family):
+    """``fuse_qkv_projections()`` before attach (diffusers' recipe for Flux with torchao): the fused products are
+    sites of their own roles, served like the projections they replace, and detach leaves the fused model as it was."""
+    fused, unfused = Tiny(family), Tiny(family)
+    fused.model.fuse_qkv_projections()
+    state = {k: v.clone() for k, v in fused.model.state_dict().items()}
+    plans = [ditgate.attach(t.model, forms=["sdpa_math"], measure=False, linear=["int8_linear"])
+             for t in (fused, unfused)]
+    outs = [t.forward() for t in (fused, unfused)]
+    record = plans[0].report().linear
+    for plan in plans:
+        plan.detach()
+    roles = {s.role for s in record.sites if s.calls}
+    assert {"attn.qkv"} <= roles <= set(TOKEN_ROLES)
+    assert {"attn.add_qkv" if family == "tiny-flux" else "attn.kv"} <= roles
+    fused_roles = ("attn.qkv", "attn.kv", "attn.add_qkv", "attn.add_kv")
+    assert all(s.serving == "int8_linear" for s in record.sites if s.role in fused_roles)
+    assert compare(outs[0], outs[1]).cosine > 0.99999  # per-row input scales and per-channel weight scales alike
+    assert all(torch.equal(v, state[k]) for k, v in fused.model.state_dict().items()) and state.keys() == \
+        fused.model.state_dict().keys()

@@ -10,7 +10,9 @@ Roles, read from where the linear sits (never from class names):
 - ``attn.q`` / ``attn.k`` / ``attn.v`` / ``attn.out``, and ``attn.add_q`` ... ``attn.add_out`` for a joint
   attention's second stream: a linear under an attention module (one that owns a callable ``processor``), named by
   the attribute it hangs from (diffusers' convention: ``to_q``, ``add_k_proj``, ``to_out.0``, ``to_add_out``);
-  other linears there are ``attn.other``.
+  ``attn.qkv`` / ``attn.kv`` / ``attn.add_qkv`` / ``attn.add_kv`` for the fused projections diffusers makes
+  (``fuse_qkv_projections``: ``to_qkv``, ``to_kv``, ``to_added_qkv``, ``to_added_kv``); other linears there are
+  ``attn.other``.
 - ``feed-forward``: a linear under a feed-forward container (a module path component ``ff``, ``ffn``,
   ``ff_context`` ...: diffusers' name for the MLP of a block, however its activation is built).
 - ``modulation``: the only linear of its parent beside a parameter-free activation (adaLN's SiLU -> Linear, a
@@ -38,6 +40,8 @@ import torch
 ATTENTION_ROLES = {
     "to_q": "attn.q", "to_k": "attn.k", "to_v": "attn.v", "to_out": "attn.out",
     "add_q_proj": "attn.add_q", "add_k_proj": "attn.add_k", "add_v_proj": "attn.add_v", "to_add_out": "attn.add_out",
+    # diffusers' fused projections (``fuse_qkv_projections``): one product for Q, K and V (or K and V) of one input
+    "to_qkv": "attn.qkv", "to_kv": "attn.kv", "to_added_qkv": "attn.add_qkv", "to_added_kv": "attn.add_kv",
 }
 # what a plan that does not measure quantizes unless told otherwise: the products that run on every token
 TOKEN_ROLES: tuple[str, ...] = tuple(dict.fromkeys(ATTENTION_ROLES.values())) + ("feed-forward",)
