@@ -81,3 +81,16 @@ def test_demo_with_the_sparse_stage_says_how_each_sparse_form_fared(tmp_path):
             assert "flex_sparse" in measured or texts["flex_sparse"][0] in ("less accurate", "slower")
     refused = _ditgate("demo", "--models", "tiny-wan", "--sparse", "0.5", "--profile", "quality", "--out", str(tmp_path))
     assert refused.returncode == 2 and "bounded" in refused.stderr
+
+
+def test_bench_model_fuses_the_projections_of_every_row_when_asked(tmp_path):
+    """``--fuse-projections``: stock and ditgate rows run diffusers' fused projections, which the linear rows route
+    (a model without fuse_qkv_projections is an error before any row)."""
+    res = _ditgate("bench", "model", "--preset", "tiny-flux", "--device", "cpu", "--profiles", "speed", "--linear",
+                   "--linear-forms", "int8_linear", "--fuse-projections", "--rounds", "1", "--backends", "native",
+                   "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    data = json.loads((tmp_path / "bench-model-tiny-flux.json").read_text())
+    assert {r["status"] for r in data["rows"]} == {"ok"}
+    explained = data["explain"]["speed +linear"]
+    assert "attn.to_qkv" in explained and "attn.qkv" in explained

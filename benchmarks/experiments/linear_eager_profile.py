@@ -156,11 +156,15 @@ def main() -> None:
     parser.add_argument("--gaps", action="store_true", help="the device's idle gaps and kernel families per forward")
     parser.add_argument("--stock-after", action="store_true",
                         help="time stock again after the plans (compiled afresh), so drift shows beside the ratios")
+    parser.add_argument("--fuse-projections", action="store_true",
+                        help="the model's fuse_qkv_projections() (diffusers) first, for stock and every plan")
     parser.add_argument("--compile", nargs="?", const="default", default=None,
                         help="time and profile compiled forwards, in this torch.compile mode (default: default)")
     args = parser.parse_args()
     preset = get_preset(args.preset).with_layers(args.layers)
     model = preset.build(DEVICE, torch.bfloat16)
+    if args.fuse_projections:
+        model.fuse_qkv_projections()
     inputs = preset.inputs(model, DEVICE, torch.bfloat16)
 
     runner = {"model": model}

@@ -81,6 +81,10 @@ def add_bench_parsers(sub) -> None:
                         "attention projections and feed-forwards, 'all'; default: every role)")
     m.add_argument("--gpu-busy", action="store_true",
                    help="one more pass per row under the profiler: the share of its span the GPU was working (CUDA)")
+    m.add_argument("--fuse-projections", action="store_true",
+                   help="call the model's fuse_qkv_projections() (diffusers) before every row, stock's too: the "
+                        "projections of one input run as one product where the family's processor uses them (Flux, "
+                        "Wan)")
     _common(m)
     m.set_defaults(func=_run_model)
 
@@ -213,6 +217,12 @@ def _run_model(args) -> int:
         model = preset.load(args.weights, device, dtype)
     else:
         model = preset.build(device, dtype)
+    if args.fuse_projections:
+        if not callable(getattr(model, "fuse_qkv_projections", None)):
+            console.print(f"ditgate bench model: --fuse-projections: {type(model).__name__} has no "
+                          "fuse_qkv_projections", style="red")
+            return 2
+        model.fuse_qkv_projections()
     if args.compile and "regional" in args.compile and not getattr(model, "_repeated_blocks", None):
         console.print(f"ditgate bench model: --compile regional: {type(model).__name__} names no _repeated_blocks "
                       "for compile_repeated_blocks", style="red")
