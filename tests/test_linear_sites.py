@@ -230,3 +230,33 @@ def test_the_projections_diffusers_fused_are_per_token_sites_a_static_plan_serve
     assert compare(outs[0], outs[1]).cosine > 0.99999  # per-row input scales and per-channel weight scales alike
     assert all(torch.equal(v, state[k]) for k, v in fused.model.state_dict().items()) and state.keys() == \
         fused.model.state_dict().keys()
+
+
+def test_a_fused_models_projections_that_calibration_never_called_leave_the_device_and_come_back_when_called():
+    """A measured plan on a model running diffusers' fused projections: the separate Q/K/V projections are not called
+    (the fused one is), so their host weights leave the device like a quantized site's; after
+    ``unfuse_qkv_projections`` their first call measures them, served from the held values."""
+    from .helpers import LENIENT_SPEED
+
+    fused = Tiny("tiny-flux")
+    fused.model.fuse_qkv_projections()
+    state = {k: v.clone() for k, v in fused.model.state_dict().items()}
+    plan = ditgate.attach(fused.model, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False,
+                          progress=False, linear=ditgate.LinearSetting(forms=("int8_linear",)))
+    fused.forward()
+    record = {s.name: s for s in plan.report().linear.sites}
+    away = [s for name, s in record.items() if name.endswith(("attn.to_q", "attn.to_k", "attn.add_v_proj"))]
+    held = [fused.model.get_submodule(s.name).weight for s in away]
+    assert away and all(s.calls == 0 for s in away)
+    assert all(isinstance(w, HeldWeight) for w in held)  # on a GPU: bytes_now the bias alone (a CPU is the device)
+    with pytest.raises(Exception, match="not called while its attention runs the fused projection to_qkv"):
+        fused.model.transformer_blocks[0].attn.to_q.weight.clone()
+    fused.model.unfuse_qkv_projections()  # the processor calls the separate projections again
+    unfused = fused.forward()
+    served = {s.name: s for s in plan.report().linear.sites}
+    plan.detach()
+    assert all(served[s.name].calls > 0 for s in away)
+    stock = Tiny("tiny-flux").forward()
+    assert compare(unfused, stock).cosine > 0.9999
+    fused.model.fuse_qkv_projections()  # detach gave back the weights they were fused from
+    assert all(torch.equal(v, state[k]) for k, v in fused.model.state_dict().items())

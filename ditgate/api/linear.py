@@ -18,7 +18,7 @@ from ..gate.linear import LinearSetting, settle_sites
 from ..gate.verdict import Verdict
 from ..hosts.held_guards import guard_casts, guard_load_state_dict
 from ..hosts.linear_weights import guard_fuse_lora
-from ..hosts.linears import find_linear_sites
+from ..hosts.linears import find_linear_sites, fused_away
 from ..router import HOST, RouterContext
 from ..router.linear import LinearChooser, LinearContext, LinearRouter, StaticLinearChooser
 from .report import LinearRecord, LinearSiteRecord
@@ -62,11 +62,13 @@ class LinearPart:
         self.context = LinearContext(forms=forms, chooser=chooser, route=route, keep_host=setting.keep_host,
                                      quantize_apart=setting.activation_quantization == "apart")
         self.routers: list[LinearRouter] = []
+        self.denoisers: list[tuple[str, torch.nn.Module]] = []
         # linears of the routed roles the plan leaves to the host, with why (``hosts.linears.left_alone``)
         self.left_alone: list[tuple[str, str]] = []
         self._unguard: list = []
 
     def install(self, denoisers: list[tuple[str, torch.nn.Module]]) -> None:
+        self.denoisers = list(denoisers)
         roles = set(self.setting.routed_roles(self.measuring))
         for name, model in denoisers:
             for site in find_linear_sites(model, prefix=name):
@@ -109,6 +111,7 @@ class LinearPart:
         start the per-site state of forms that keep one, so that a compiled graph serves those sites without an eager
         forward first."""
         settle_sites(self.routers, verdicts)
+        self._release_fused_away({name for name, _ in verdicts})
         for form in {r.custody.payload_form for r in self.routers} - {None}:
             self.context.forms[form].availability()  # probed here, not in a compiled call (its timer breaks a graph)
         for r in self.routers if histories else ():
@@ -118,6 +121,21 @@ class LinearPart:
                     weights.state[0].fill_(float(histories[r.name]))
                 r.eager_served.add(r.custody.payload_form)
         self._say_unstarted()
+
+    def _release_fused_away(self, judged: set[str]) -> None:
+        """The projections a fused projection computes in their place (``hosts.linears.fused_away``: the model runs
+        diffusers' fused projections) and that calibration never called: their host weights leave the device as a
+        quantized site's do (``keep_host``), so that a fused model holds its projections once. ``judged``: the sites
+        with verdicts (a receipt's too), left as their verdicts settled them. A later call (after
+        ``unfuse_qkv_projections``) is a new shape: measured, and its weight back on the device if the host wins."""
+        away: dict[torch.nn.Module, str] = {}
+        for _, model in self.denoisers:
+            away.update(fused_away(model))
+        for r in self.routers:
+            fused = away.get(r.module)
+            if fused is not None and not r.shapes and r.name not in judged and r.custody.payload_form is None:
+                r.custody.release_host(self.setting.keep_host,
+                                       f"held (not called while its attention runs the fused projection {fused})")
 
     def histories(self) -> dict[str, float]:
         """Site -> the largest input absmax its settled form has seen, for the sites whose form keeps such a history

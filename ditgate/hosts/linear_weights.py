@@ -50,9 +50,11 @@ class HeldWeight(torch.Tensor):
     site: str
     form: str
 
+    held_as: str  # what the error says the weight is: "quantized (fp8_linear)", or why it is held without a form
+
     @staticmethod
     def __new__(cls, shape, dtype: torch.dtype | None = None, device: torch.device | None = None, site: str = "",
-                form: str = "", requires_grad: bool = False):
+                form: str = "", requires_grad: bool = False, held_as: str = ""):
         if isinstance(shape, torch.Tensor):  # ``type(param)(values, requires_grad=...)``: accelerate's offloading
             raise HeldWeightError(
                 "ditgate: a linear weight that an attached plan quantized cannot be rebuilt from other values (what "
@@ -61,6 +63,7 @@ class HeldWeight(torch.Tensor):
         stand_in = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device,
                                                        requires_grad=requires_grad)
         stand_in.site, stand_in.form = site, form
+        stand_in.held_as = held_as or f"quantized ({form})"
         return stand_in
 
     def __init__(self, *args, **kwargs) -> None:
@@ -72,7 +75,7 @@ class HeldWeight(torch.Tensor):
 
     def _like(self, device: torch.device | None = None) -> HeldWeight:
         return HeldWeight(self.shape, self.dtype, device if device is not None else self.device, self.site, self.form,
-                          self.requires_grad)
+                          self.requires_grad, self.held_as)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -86,11 +89,11 @@ class HeldWeight(torch.Tensor):
             dtype = kwargs.get("dtype")
             if dtype is not None and dtype != me.dtype:
                 raise HeldWeightError(
-                    f"ditgate: {me.site}'s weight is quantized ({me.form}) by an attached plan and cannot be cast to "
+                    f"ditgate: {me.site}'s weight is {me.held_as} by an attached plan and cannot be cast to "
                     f"{dtype}; detach the plan (plan.detach()) before changing the model's dtype")
             return me._like(kwargs.get("device"))
         raise HeldWeightError(
-            f"ditgate: {me.site}'s weight is quantized ({me.form}) by an attached plan and has no values on the device "
+            f"ditgate: {me.site}'s weight is {me.held_as} by an attached plan and has no values on the device "
             f"({func} needs them). What reads or writes a quantized site's weight values cannot run while the plan is "
             "attached (fuse_lora, a DoRA adapter, load_state_dict, a copy of the model): detach the plan "
             "(plan.detach()), do it, and attach again. A LoRA needs none of that: it runs at full precision beside the "
@@ -176,15 +179,16 @@ class WeightCustody:
         self.payload_form = None
 
     # --- the host's weight ---------------------------------------------------------------------------
-    def release_host(self, keep: str) -> None:
-        """Put the stand-in in the host weight's place; its values go to CPU memory (``keep="cpu"``) or stay."""
+    def release_host(self, keep: str, held_as: str = "") -> None:
+        """Put the stand-in in the host weight's place; its values go to CPU memory (``keep="cpu"``) or stay.
+        ``held_as``: what an error about the stand-in calls the weight (default: quantized by the payload's form)."""
         if keep not in KEEP_HOST:
             raise ValueError(f"keep_host must be one of {KEEP_HOST}, not {keep!r}")
         if self.released_to is not None:
             return
         weight = self.original
         stand_in = HeldWeight(weight.shape, weight.dtype, weight.device, self.site, self.payload_form or "?",
-                              weight.requires_grad)
+                              weight.requires_grad, held_as)
         if keep == "cpu":
             weight.data = _to_cpu_memory(weight.data)
         self.module._parameters["weight"] = torch.nn.Parameter(stand_in, requires_grad=weight.requires_grad)

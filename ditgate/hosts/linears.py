@@ -175,3 +175,28 @@ def _role(logical: str, name: str, modules: dict, attention: list[str], blocks: 
     if any(logical.startswith(b + ".") for b in blocks):
         return "feed-forward"
     return "embedding" if before else "output"
+
+
+# diffusers' fused projections (``fuse_qkv_projections``) and the projections each one computes in their place
+FUSED_SOURCES = {"to_qkv": ("to_q", "to_k", "to_v"), "to_kv": ("to_k", "to_v"),
+                 "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj"), "to_added_kv": ("add_k_proj", "add_v_proj")}
+
+
+def fused_away(model: torch.nn.Module) -> dict[torch.nn.Module, str]:
+    """The linears of ``model`` that a fused projection computes in their place while their attention module runs
+    diffusers' fused projections (``fused_projections`` set, the fused linear present), each with the fused linear's
+    name: a processor that uses the fused projections does not call them (LTX-Video's, HunyuanVideo's and
+    CogVideoX's processors in diffusers 0.42 do not use them, so ask the calls before relying on this)."""
+    away: dict[torch.nn.Module, str] = {}
+    for attention in model.modules():
+        if not getattr(attention, "fused_projections", False) or not callable(getattr(attention, "processor", None)):
+            continue
+        for fused, sources in FUSED_SOURCES.items():
+            if isinstance(getattr(attention, fused, None), torch.nn.Module):
+                for name in sources:
+                    source = getattr(attention, name, None)
+                    source = getattr(source, "base_layer", source)  # a PEFT wrapper's base layer is the site
+                    if isinstance(source, torch.nn.Linear):
+                        away[source] = fused
+    return away
+
