@@ -40,7 +40,7 @@ def test_modules_an_offloading_hook_wraps_before_attach_stay_with_the_host_and_k
     explained = " ".join(plan.explain().split())
     plan.detach()
     assert not record.sites and record.left_alone  # every linear is hooked here
-    assert all("offloading hook" in why for _, why in record.left_alone)
+    assert all("accelerate's hook replaced its forward" in why for _, why in record.left_alone)
     assert "left to the host, first" in explained
     assert torch.allclose(routed, stock, rtol=1e-4, atol=1e-5)  # the attention route aside, the host's products
     assert tiny.model.blocks[0].attn1.to_q.forward == hooked  # the hook, untouched by attach and detach
@@ -124,3 +124,92 @@ def test_a_hook_that_wraps_a_routed_forward_after_attach_gets_the_hosts_product_
     plan.detach()
     assert not torch.equal(routed, stock)
     assert torch.equal(tiny.forward(), stock)
+
+
+def test_a_detach_that_fails_at_one_site_restores_the_others_and_a_second_detach_finishes(monkeypatch):
+    """A copy back that fails (memory) at one site: the other sites and the guards are restored, the failed site still
+    serves the host's product from its held values and saves them, and the plan stays attached until a second
+    detach restores it."""
+    tiny = Tiny("tiny-flux")
+    stock, before = tiny.forward(), _state(tiny.model)
+    plan = _attach(tiny)
+    tiny.forward()
+    failing = plan.linear.routers[2]
+    restore = type(failing.custody).restore
+
+    def out_of_memory(custody):
+        if custody is failing.custody:
+            raise torch.OutOfMemoryError("simulated: out of memory copying the weight back")
+        return restore(custody)
+
+    monkeypatch.setattr(type(failing.custody), "restore", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        plan.detach()
+    monkeypatch.setattr(type(failing.custody), "restore", restore)
+    assert plan.attached and isinstance(tiny.model.get_submodule(failing.name).weight, HeldWeight)
+    assert sum(isinstance(r.module.weight, HeldWeight) for r in plan.linear.routers) == 1
+    assert torch.allclose(tiny.forward(), stock, rtol=1e-4, atol=1e-5)  # the host everywhere, the held site too
+    assert _same_state(_state(tiny.model), before)
+    plan.detach()
+    assert not plan.attached and torch.equal(tiny.forward(), stock) and _same_state(_state(tiny.model), before)
+
+
+def test_an_attach_whose_calibration_raises_leaves_the_model_as_it_came():
+    from .helpers import LENIENT_SPEED
+
+    tiny = Tiny("tiny-flux")
+    stock, before = tiny.forward(), _state(tiny.model)
+
+    def interrupted():
+        tiny.forward()
+        raise KeyboardInterrupt("calibration interrupted")
+
+    with pytest.raises(KeyboardInterrupt):
+        ditgate.attach(tiny.model, profile=LENIENT_SPEED, forms=["sdpa_math"], linear=True, calibrate=interrupted,
+                       progress=False, timing_cache=False)
+    assert not any("forward" in m.__dict__ or "_apply" in m.__dict__ for m in tiny.model.modules())
+    assert not tiny.model._load_state_dict_pre_hooks and "fuse_lora" not in tiny.model.__dict__
+    assert torch.equal(tiny.forward(), stock) and _same_state(_state(tiny.model), before)
+    _attach(tiny).detach()  # and it attaches again
+
+
+def test_a_module_whose_hook_was_taken_off_is_routed_again():
+    """Taking an offloading hook off (accelerate's remove_hook_from_module, pipe.remove_all_hooks) leaves the module's
+    own bound forward as an instance attribute: that is no hook."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.hooks import remove_hook_from_module
+
+    tiny = Tiny("tiny-wan")
+    accelerate.cpu_offload(tiny.model, execution_device="cpu")
+    remove_hook_from_module(tiny.model, recurse=True)
+    plan = _attach(tiny)
+    record = plan.report().linear
+    plan.detach()
+    assert record.sites and not record.left_alone
+
+
+def test_a_pipeline_cast_to_another_dtype_is_refused_before_any_component_changes(tmp_path):
+    from diffusers import DiffusionPipeline
+
+    class Pipe(DiffusionPipeline):
+        def __init__(self, text_encoder, transformer):
+            super().__init__()
+            self.register_modules(text_encoder=text_encoder, transformer=transformer)
+
+    encoder, denoiser = Tiny("tiny-flux", seed=1), Tiny("tiny-wan")
+    pipe = Pipe(encoder.model, denoiser.model)
+    plan = ditgate.attach(pipe, forms=["sdpa_math"], measure=False, linear=["int8_linear"], progress=False)
+    denoiser.forward()
+    with pytest.raises(HeldWeightError, match=r"\.to\(torch.float16\) refused before it changed anything"):
+        pipe.to(torch.float16)
+    assert {p.dtype for m in (encoder.model, denoiser.model) for p in m.parameters()} == {torch.float32}
+    pipe.to("cpu")  # a move is not refused
+    kept = denoiser.model.state_dict(keep_vars=True)["blocks.0.attn1.to_q.weight"]
+    assert isinstance(kept, torch.nn.Parameter) and not isinstance(kept, HeldWeight)  # keep_vars: the Parameter
+    held = denoiser.model.blocks[0].attn1.to_q.weight
+    with torch.enable_grad():
+        assert held.requires_grad and isinstance(held[...], HeldWeight)  # a view of it is a stand-in, not an error
+    plan.detach()
+    assert "to" not in vars(pipe)
+    pipe.to(torch.float16)
+    assert {p.dtype for p in denoiser.model.parameters()} == {torch.float16}

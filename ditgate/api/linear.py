@@ -16,7 +16,7 @@ from ..forms.linear import LinearCall, LinearForm
 from ..forms.linear_delayed import delayed_clamped_calls
 from ..gate.linear import LinearSetting, settle_sites
 from ..gate.verdict import Verdict
-from ..hosts.held_guards import guard_casts, guard_load_state_dict
+from ..hosts.held_guards import guard_casts, guard_load_state_dict, guard_pipeline_casts
 from ..hosts.linear_weights import guard_fuse_lora
 from ..hosts.linears import find_linear_sites, fused_away
 from ..router import HOST, RouterContext
@@ -67,8 +67,12 @@ class LinearPart:
         self.left_alone: list[tuple[str, str]] = []
         self._unguard: list = []
 
-    def install(self, denoisers: list[tuple[str, torch.nn.Module]]) -> None:
+    def install(self, denoisers: list[tuple[str, torch.nn.Module]], pipeline: object = None) -> None:
+        """Routers for the linear sites of ``denoisers`` (of ``pipeline``, where attach was given one: its ``to``
+        is guarded too), and the guards that refuse what would change a held weight partway."""
         self.denoisers = list(denoisers)
+        if pipeline is not None:
+            self._unguard.append(guard_pipeline_casts(pipeline))
         roles = set(self.setting.routed_roles(self.measuring))
         for name, model in denoisers:
             for site in find_linear_sites(model, prefix=name):
@@ -214,8 +218,17 @@ class LinearPart:
         return getattr(self.context.chooser, "device_time_off", "")
 
     def detach(self) -> None:
+        """Every site restored, then the guards off; a site that fails to restore (memory for its weight's copy back)
+        does not keep the others or the guards in place: its error is raised after, and a second detach retries it."""
+        failed: list[BaseException] = []
         for r in self.routers:
-            r.detach()
+            try:
+                r.detach()
+            except Exception as exc:
+                failed.append(exc)
+                logger.error("ditgate: %s could not be restored: %s: %s", r.name, type(exc).__name__, exc)
         for unguard in self._unguard:
             unguard()
         self._unguard.clear()
+        if failed:
+            raise failed[0]

@@ -144,7 +144,7 @@ class Plan:
         measuring = not isinstance(chooser, StaticLinearChooser)
         self.linear = LinearPart(setting, chooser.forms if measuring else create_linear_forms(setting.forms),
                                  chooser, self.context, measuring)
-        self.linear.install(self.denoisers)
+        self.linear.install(self.denoisers, None if isinstance(self.target, torch.nn.Module) else self.target)
         make_room([model for _, model in self.denoisers])  # linear routers are per block too (hosts.regional)
         if not measuring:
             self.linear.settle_static()
@@ -389,7 +389,7 @@ class Plan:
         for att in self._attached:
             if att.module.processor is att.routed:
                 setattr(att.module, "processor", att.original)
-            else:
+            elif att.module.processor is not att.original:  # (the original: restored by an earlier, failed detach)
                 logger.warning("ditgate: %s's processor was replaced after attach; leaving the new one in place",
                                att.router.found.path)
         for form in self.forms.values():
@@ -397,11 +397,17 @@ class Plan:
         if isinstance(self.chooser, GateChooser):
             self.chooser.book.flush()  # what shapes first seen after calibration measured
         self._end_progress()
+        failed = None
         if self.linear is not None:
-            self.linear.detach()
+            try:
+                self.linear.detach()  # every site it can, the guards off, then the first site's error
+            except Exception as exc:
+                failed = exc
         self._captured.clear()
         self._host_outputs.clear()
         triton_key_memo.remember()  # static and receipt plans launch Triton only in the caller's forwards
+        if failed is not None:
+            raise failed  # still attached: a second detach restores what this one could not
         self._detached = True
 
     @property
@@ -501,12 +507,15 @@ def attach(
             order = tuple(n for n in order if all_forms[n].precision is Precision.EXACT)
         chosen_forms = {n: all_forms[n] for n in order}
         plan = Plan(target, denoisers, chosen_forms, StaticChooser(order), "static", None, order, on_route)
-        plan._install()
-        if sparse is not None:
-            plan._install_sparse(sparse)
-        if linear_set is not None:
-            plan._install_linear(linear_set, StaticLinearChooser({}))
-        return plan
+
+        def install_static() -> None:
+            plan._install()
+            if sparse is not None:
+                plan._install_sparse(sparse)
+            if linear_set is not None:
+                plan._install_linear(linear_set, StaticLinearChooser({}))
+
+        return _installed(plan, install_static)
     prof = loaded.profile if loaded is not None else resolve_profile(profile, forms, min_speedup, extra_names)
     if sparse is not None and Precision.BOUNDED not in prof.precisions:
         raise ValueError(f"sparse attention is bounded-error; profile {prof.name!r} allows exact forms only "
@@ -522,24 +531,42 @@ def attach(
     chooser.agreement = RankAgreement(denoisers)
     plan = Plan(target, denoisers, all_forms, chooser, "receipt" if loaded else "measured", prof,
                 tuple(chooser.candidates()), on_route, progress)
-    plan._install()
-    if sparse is not None:
-        plan._install_sparse(sparse)
-    if linear_set is not None:
-        named = tuple(linear_set.forms or ()) + tuple(v.form for v in (loaded.verdicts if loaded else ())
-                                                      if v.form in LINEAR_OPT_IN)  # a receipt's choices too
-        candidates = tuple(dict.fromkeys(LINEAR_PRIORITY + named))  # opt-in forms where named
-        linear_chooser = LinearGateChooser(chooser, create_linear_forms(candidates), linear_set, floors)
-        plan._install_linear(linear_set, linear_chooser)
-    if loaded is not None:
-        for v in loaded.verdicts:
-            chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")
-        plan._whole = list(loaded.whole_model)
-        plan._calibrated = {name for name, _ in denoisers}
-        if plan.linear is not None:
-            plan.linear.settle(chooser.verdicts, loaded.linear_histories)
-    elif calibrate is not None:
-        plan.calibrate(calibrate)
-    else:
-        plan._install_live_calibration()
+
+    def install_measured() -> None:
+        plan._install()
+        if sparse is not None:
+            plan._install_sparse(sparse)
+        if linear_set is not None:
+            named = tuple(linear_set.forms or ()) + tuple(v.form for v in (loaded.verdicts if loaded else ())
+                                                          if v.form in LINEAR_OPT_IN)  # a receipt's choices too
+            candidates = tuple(dict.fromkeys(LINEAR_PRIORITY + named))  # opt-in forms where named
+            linear_chooser = LinearGateChooser(chooser, create_linear_forms(candidates), linear_set, floors)
+            plan._install_linear(linear_set, linear_chooser)
+        if loaded is not None:
+            for v in loaded.verdicts:
+                chooser.verdicts[(v.site, v.shape_key)] = dataclasses.replace(v, source="receipt")
+            plan._whole = list(loaded.whole_model)
+            plan._calibrated = {name for name, _ in denoisers}
+            if plan.linear is not None:
+                plan.linear.settle(chooser.verdicts, loaded.linear_histories)
+        elif calibrate is not None:
+            plan.calibrate(calibrate)
+        else:
+            plan._install_live_calibration()
+
+    return _installed(plan, install_measured)
+
+
+def _installed(plan: Plan, install: Callable[[], None]) -> Plan:
+    """``plan`` after ``install`` (its processors, hooks, linear routers and guards, and a calibration); where that
+    raises (a calibration interrupted, a site that cannot be read), what it installed is taken off again before the
+    error goes on, so that the model is as it came and can be attached again."""
+    try:
+        install()
+    except BaseException:
+        try:
+            plan.detach()
+        except Exception as exc:  # the first error is the one to see
+            logger.error("ditgate: detaching after a failed attach: %s: %s", type(exc).__name__, exc)
+        raise
     return plan

@@ -53,6 +53,46 @@ def guard_casts(model: torch.nn.Module) -> Callable[[], None]:
     return remove
 
 
+def _dtype_asked(args: tuple, kwargs: dict) -> torch.dtype | None:
+    """The dtype a ``DiffusionPipeline.to(...)`` call asks for, positional or by name (None: a move alone)."""
+    asked = kwargs.get("dtype")
+    return asked if isinstance(asked, torch.dtype) else next((a for a in args if isinstance(a, torch.dtype)), None)
+
+
+def _guarded_pipeline_to(self, *args, **kwargs):
+    """``DiffusionPipeline.to`` refused before its first component is cast when a component holds a weight of another
+    dtype than the one asked for (the pipeline casts its components one after another); bound to its pipeline as a
+    method object, as ``_guarded_apply`` is."""
+    dtype = _dtype_asked(args, kwargs)
+    if dtype is not None:
+        for name, component in getattr(self, "components", {}).items():
+            if isinstance(component, torch.nn.Module):
+                held = [(key, w) for key, w in _held(component) if w.dtype != dtype]
+                if held:
+                    raise HeldWeightError(
+                        f"ditgate: the pipeline's .to({dtype}) refused before it changed anything: {len(held)} "
+                        f"weight(s) of {name} are held by an attached plan (first: {held[0][0]}, {held[0][1].held_as})"
+                        "; detach the plan (plan.detach()), cast, and attach again")
+    return type(self).to(self, *args, **kwargs)
+
+
+def guard_pipeline_casts(pipeline: object) -> Callable[[], None]:
+    """Refuse a cast of ``pipeline`` (one with ``components`` and ``to``, a diffusers pipeline) to another dtype than
+    its held weights' before any component changes; the way to take the guard off. A pipeline with a ``to`` of its own
+    on the instance is left as it is."""
+    if not callable(getattr(pipeline, "to", None)) or not isinstance(getattr(pipeline, "components", None), dict) \
+            or "to" in vars(pipeline):
+        return lambda: None
+    pipeline.to = types.MethodType(_guarded_pipeline_to, pipeline)
+
+    def remove() -> None:
+        bound = vars(pipeline).get("to")
+        if isinstance(bound, types.MethodType) and bound.__func__ is _guarded_pipeline_to:
+            del vars(pipeline)["to"]
+
+    return remove
+
+
 def _refuse_held_loads(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                        error_msgs) -> None:
     loading = [prefix + key for key, _ in _held(module) if prefix + key in state_dict]

@@ -74,8 +74,10 @@ class HeldWeight(torch.Tensor):
                 f"device={self.device})")
 
     def _like(self, device: torch.device | None = None) -> HeldWeight:
+        """A stand-in like this one, as an operator's output: never requiring grad (a view of a leaf that does would
+        be refused by autograd); ``Parameter`` carries the flag where the module holds it."""
         return HeldWeight(self.shape, self.dtype, device if device is not None else self.device, self.site, self.form,
-                          self.requires_grad, self.held_as)
+                          False, self.held_as)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -201,16 +203,18 @@ class WeightCustody:
         device) in the stand-in's place, so that ``save_pretrained`` and ``torch.save`` of an attached model write
         the model as loaded, never the plan's stand-ins or its 8-bit weights (non-persistent buffers)."""
         key = prefix + "weight"
-        if isinstance(state_dict.get(key), HeldWeight):
-            state_dict[key] = self.original.detach()
+        entry = state_dict.get(key)
+        if isinstance(entry, HeldWeight):
+            if isinstance(entry, torch.nn.Parameter):  # ``keep_vars=True``: the Parameter itself, flag as set now
+                self.original.requires_grad_(entry.requires_grad)
+                state_dict[key] = self.original
+            else:
+                state_dict[key] = self.original.detach()
 
     def bring_back_host(self) -> None:
         """The host weight back on the module's device (a site that needs the host path at a live shape)."""
         if self.released_to is None:
             return
-        if self._state_dict_hook is not None:
-            self._state_dict_hook.remove()
-            self._state_dict_hook = None
         stand_in = self.module._parameters.get("weight")
         device = stand_in.device if isinstance(stand_in, HeldWeight) else self.original.device
         if self.original.device != device or self.original.is_pinned():
@@ -220,6 +224,9 @@ class WeightCustody:
             self.module._parameters["weight"] = self.original
         else:
             logger.warning("ditgate: %s's weight was replaced after attach; leaving the new one in place", self.site)
+        if self._state_dict_hook is not None:  # after the swap: a copy that failed leaves the hook serving values
+            self._state_dict_hook.remove()
+            self._state_dict_hook = None
         self.released_to = None
 
     def host_weight(self, device: torch.device) -> torch.Tensor:

@@ -90,11 +90,18 @@ def left_alone(module: torch.nn.Module, wrapper: torch.nn.Module | None) -> str:
     - Its PEFT wrapper (``wrapper``) has a LoRA fused into the weight (``fuse_lora``): unfusing later subtracts the
       delta from the weight's values, which a quantized site does not keep on the device.
     - Its PEFT wrapper carries a DoRA adapter (``use_dora``), which reads the weight's values on every call."""
-    if "forward" in module.__dict__:
-        hook = getattr(module, "_hf_hook", None) or getattr(module, "_diffusers_hook", None)
-        what = type(hook if hook is not None else module.__dict__["forward"]).__name__
-        return (f"its forward is replaced on the instance ({what}: an offloading hook?), which moves its weights "
-                "around each call (enable the offloading after attach, or offload the whole model)")
+    forward = module.__dict__.get("forward")
+    own = getattr(forward, "__self__", None) is module and getattr(forward, "__func__", None) is type(module).forward
+    if forward is not None and not own:  # (a hook taken off puts the module's own bound forward back: not a hook)
+        if getattr(module, "_hf_hook", None) is not None:
+            return ("accelerate's hook replaced its forward (cpu_offload, enable_sequential_cpu_offload: its weights "
+                    "are brought in around each call), so the host keeps it; enable_model_cpu_offload moves whole "
+                    "models instead")
+        if getattr(module, "_diffusers_hook", None) is not None:
+            return ("a diffusers hook replaced its forward (leaf-level group offloading moves its weights around each "
+                    "call), so the host keeps it; enable the offloading after attach, or offload by block")
+        return (f"its forward is replaced on the instance ({type(forward).__name__}: a hook?), so the host keeps it "
+                "(attach before installing it)")
     if wrapper is not None and getattr(wrapper, "merged", False):
         return "a LoRA is fused into its weight (fuse_lora); unfuse_lora before attach to route it"
     if wrapper is not None and any(bool(v) for v in dict(getattr(wrapper, "use_dora", {}) or {}).values()):

@@ -153,10 +153,12 @@ class LinearRouter:
         """A call whose signature resolved to a route since the plan's generation last changed replays it (a dict
         lookup: a denoiser makes hundreds of linear calls per forward, and deciding one costs tens of microseconds
         of Python); any other call is decided (``decide``)."""
-        if self.detached or not isinstance(x, torch.Tensor) or x.ndim == 0:
-            return F.linear(x, self.module.weight, self.module.bias)  # a detached site still called (a later hook)
+        if not isinstance(x, torch.Tensor) or x.ndim == 0:
+            return self.run_host(x)
         if _compiling():
             return self._traced(x)
+        if self.detached:  # still called through a hook installed after attach: the host's product
+            return self.run_host(x)
         generation = self.context.route.generation
         if generation != self._generation:
             self._routes.clear()
@@ -262,7 +264,8 @@ class LinearRouter:
         two modules share (the same code compiled twice) is not reused for a site it was not traced for. Nothing is
         measured in a trace: a call the chooser would measure goes to the host there, until an eager call at its
         shape measures it."""
-        name, why = self._route_of(shape, dtype, device, requires_grad, grad_enabled, autocast)
+        name, why = self._route_of(shape, dtype, device, requires_grad, grad_enabled, autocast) if not self.detached \
+            else (None, "the plan was detached")
         self.ledger.traced(name or HOST, why, generation)  # what the graph holds here, per trace (not per call)
         settled = name is not None and name == self.custody.payload_form
         fast = bool(getattr(self.context.forms[name], "fast_accumulation", False)) if name is not None else False
