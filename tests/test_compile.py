@@ -242,6 +242,20 @@ def test_regional_compilation_with_more_blocks_than_dynamos_limit_compiles_every
     assert graphs.count == 13  # the detached blocks share one graph again, recompiled within the room
 
 
+def test_regional_compilation_survives_attach_detach_cycles_under_fullgraph():
+    """Each plan's graphs stay in dynamo's cache after its detach: a limit sized for one plan failed the third plan's
+    compile of a 12-block model with FailOnRecompileLimitHit; each attach now makes room for its own graphs."""
+    preset = dataclasses.replace(Tiny("tiny-wan").preset, config=dict(Tiny("tiny-wan").preset.config, num_layers=12))
+    tiny = Tiny(preset)
+    stock = tiny.forward()
+    tiny.model.compile_repeated_blocks(backend=Graphs(), fullgraph=True)
+    for _ in range(4):
+        plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False, progress=False)
+        routed = tiny.forward()
+        plan.detach()
+        assert _close(routed, stock) and _close(tiny.forward(), stock)
+
+
 def test_detach_and_a_new_plan_never_leave_a_stale_route_in_a_compiled_graph():
     tiny = Tiny("tiny-wan")
     stock = tiny.forward()

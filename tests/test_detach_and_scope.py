@@ -75,6 +75,26 @@ def test_every_denoiser_of_a_pipeline_is_attached():
     plan.detach()
 
 
+def test_one_model_under_two_denoiser_names_is_one_denoiser():
+    """A two-expert pipeline given the same model twice: a measuring plan hooked it twice and its first forward raised
+    (the whole-model check's nested forward took one hook off under the other)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    from .helpers import LENIENT_SPEED
+
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+                       transformer=tiny.model, transformer_2=tiny.model)
+    plan = ditgate.attach(pipe, profile=LENIENT_SPEED, forms=["sdpa_math"], timing_cache=False, progress=False)
+    calibrated = tiny.forward()
+    names = [s.name for s in plan.report().sites]
+    plan.detach()
+    assert torch.allclose(calibrated, stock, rtol=1e-4, atol=1e-5)
+    assert names and all(n.startswith("transformer.") for n in names)
+    assert torch.equal(tiny.forward(), stock)
+
+
 def test_attach_rejects_what_is_not_a_model_or_pipeline():
     with pytest.raises(TypeError, match="diffusers pipeline or a torch.nn.Module"):
         ditgate.attach("a string")

@@ -194,6 +194,13 @@ def test_receipts_round_trip_without_measuring(tmp_path):
     assert all(v.source == "receipt" for v in again.chooser.verdicts.values())
     assert replay.calls == 4  # served once per site, never measured
     again.detach()
+    # without the form it names, the receipt is refused at attach (it raised KeyError in the first forward)
+    with pytest.raises(ditgate.ReceiptMismatchError, match="name forms this plan does not have: good"):
+        ditgate.attach(tiny.model, receipt=path)
+    remeasured = ditgate.attach(tiny.model, receipt=path, on_mismatch="measure")
+    tiny.forward()
+    assert remeasured.mode == "measured"
+    remeasured.detach()
 
 
 def test_receipts_refuse_a_changed_environment_and_a_tampered_file(tmp_path):

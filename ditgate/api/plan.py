@@ -23,7 +23,7 @@ import torch
 
 from .. import __version__
 from ..forms import EXACT_PRIORITY, Form, Precision, check_form_names, create_forms, form_info
-from ..forms.linear import LINEAR_OPT_IN, LINEAR_PRIORITY, create_linear_forms
+from ..forms.linear import LINEAR_OPT_IN, LINEAR_PRIORITY, create_linear_forms, linear_classes
 from ..gate import (
     GateChooser,
     Profile,
@@ -495,6 +495,10 @@ def attach(
         loaded = receipt if isinstance(receipt, Receipt) else load_receipt(receipt)
         diffs = loaded.check_environment(environment(_device_of(denoisers[0][1])), _models_info(denoisers),
                                          parallel_records(denoisers))
+        unknown = sorted({v.form for v in loaded.verdicts if v.form is not None and v.form not in all_forms
+                          and v.form not in linear_classes()})
+        if unknown:  # a form passed as extra_forms when the receipt was measured, not now
+            diffs.append(f"its verdicts name forms this plan does not have: {', '.join(unknown)} (extra_forms?)")
         if diffs and on_mismatch == "refuse":
             raise ReceiptMismatchError(diffs)
         if diffs:

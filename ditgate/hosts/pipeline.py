@@ -27,7 +27,8 @@ def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
 
 def denoisers_of(target: object) -> list[tuple[str, torch.nn.Module]]:
     """(component name, model) pairs; a bare model is its own single denoiser with an empty name. A compiled
-    model (``torch.compile(model)``, bare or as a pipeline's component) stands for the model it wraps."""
+    model (``torch.compile(model)``, bare or as a pipeline's component) stands for the model it wraps; a model
+    under two component names counts once."""
     if isinstance(target, torch.nn.Module):
         return [("", unwrap_compiled(target))]
     components = getattr(target, "components", None)
@@ -35,11 +36,13 @@ def denoisers_of(target: object) -> list[tuple[str, torch.nn.Module]]:
         raise TypeError(
             f"attach() takes a diffusers pipeline or a torch.nn.Module, not {type(target).__name__}"
         )
-    found = [
-        (name, unwrap_compiled(comp))
-        for name, comp in components.items()
-        if isinstance(comp, torch.nn.Module) and name.startswith(DENOISER_PREFIXES)
-    ]
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, comp in components.items():
+        model = unwrap_compiled(comp) if isinstance(comp, torch.nn.Module) else None
+        # one model under two names (transformer and transformer_2 of a two-expert pipeline given the same model) is
+        # one denoiser, under its first name
+        if model is not None and name.startswith(DENOISER_PREFIXES) and all(model is not m for _, m in found):
+            found.append((name, model))
     if not found:
         raise NoDenoiserError(
             f"no denoiser among the pipeline's components {sorted(components)}; "

@@ -5,8 +5,9 @@ reuse that graph. An attached block's attention calls go through its own sites' 
 on, so each instance compiles a graph of its own. Dynamo keeps at most ``recompile_limit`` graphs per code object
 (8 by default): the ninth block of a 30-block Wan would run eagerly with a warning, or raise
 ``FailOnRecompileLimitHit`` under ``fullgraph=True`` (the setting diffusers' docs recommend). Attach raises the limit to
-twice the largest count of one repeated block class (room for every block to recompile once when a verdict
-changes), and detach leaves it raised: the graphs compiled while attached stay in dynamo's cache and count against
+twice the largest count of one repeated block class plus a margin (room for every block to recompile once when a
+verdict changes), or, where an earlier plan raised it already, by one graph per block more (that plan's graphs stay
+cached), and detach leaves it raised: the graphs compiled while attached stay in dynamo's cache and count against
 it, so putting it back would make the detached blocks' own recompiles fail. The limit is only ever raised.
 Regional compilation of an attached model therefore compiles every block apart: its compile time is that of the
 whole model's, not of one block's.
@@ -42,8 +43,12 @@ def make_room(models: list[torch.nn.Module]) -> tuple[int, int] | None:
         return None
     config = torch._dynamo.config
     before = (config.recompile_limit, config.accumulated_recompile_limit)
-    needed = 2 * max(counts.values()) + _MARGIN
-    set_to = (max(before[0], needed), max(before[1], needed * len(counts)))
+    blocks = max(counts.values())
+    needed = 2 * blocks + _MARGIN
+    # a limit an earlier plan raised already holds that plan's graphs, which stay in dynamo's cache after its
+    # detach: one graph more per block for this plan's routes (the blocks' code is shared by every plan and model)
+    limit = before[0] + blocks if before[0] >= needed else needed
+    set_to = (limit, max(before[1], limit * len(counts)))
     if set_to == before:
         return None
     config.recompile_limit, config.accumulated_recompile_limit = set_to
