@@ -95,6 +95,23 @@ def test_one_model_under_two_denoiser_names_is_one_denoiser():
     assert torch.equal(tiny.forward(), stock)
 
 
+def test_processors_saved_while_attached_call_the_hosts_code_after_detach():
+    """``saved = model.attn_processors`` while attached, then ``set_attn_processor(saved)`` after detach: the saved
+    routed copies kept routing into the detached plan, and a second attach refused the model as already routed."""
+    from .helpers import FakeForm
+
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    noisy = FakeForm("noisy", noise=0.5)
+    plan = ditgate.attach(tiny.model, forms=["noisy"], extra_forms=[noisy], measure=False)
+    saved = tiny.model.attn_processors
+    assert not torch.equal(tiny.forward(), stock)
+    plan.detach()
+    tiny.model.set_attn_processor(saved)
+    assert torch.equal(tiny.forward(), stock)
+    ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False).detach()
+
+
 def test_attach_rejects_what_is_not_a_model_or_pipeline():
     with pytest.raises(TypeError, match="diffusers pipeline or a torch.nn.Module"):
         ditgate.attach("a string")

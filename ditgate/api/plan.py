@@ -44,8 +44,8 @@ from ..gate.linear import LinearGateChooser, LinearSetting, linear_floors, linea
 from ..gate.progress import CalibrationProgress
 from ..gate.receipt import now
 from ..gate.whole_memo import RememberedCheck, check_key
-from ..hosts import (EagerForward, denoisers_of, find_attention_modules, is_routed, model_output, plan_interception,
-                     routed_processor)
+from ..hosts import (EagerForward, denoisers_of, disarm, find_attention_modules, is_routed, model_output,
+                     plan_interception, routed_processor)
 from ..hosts.parallel import parallel_records
 from ..hosts.regional import make_room
 from ..kernels import triton_key_memo
@@ -392,6 +392,7 @@ class Plan:
             elif att.module.processor is not att.original:  # (the original: restored by an earlier, failed detach)
                 logger.warning("ditgate: %s's processor was replaced after attach; leaving the new one in place",
                                att.router.found.path)
+            disarm(att.routed)  # a copy kept by the caller calls the host's own code from now on
         for form in self.forms.values():
             form.release()
         if isinstance(self.chooser, GateChooser):

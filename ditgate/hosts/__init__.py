@@ -2,7 +2,8 @@
 
 from .discovery import AttentionModule, find_attention_modules, role_hint
 from .eager import EagerForward, uncompiled
-from .intercept import Convention, InterceptionPlan, is_routed, original_entry, plan_interception, routed_processor
+from .intercept import (Convention, InterceptionPlan, disarm, is_routed, original_entry, plan_interception,
+                        routed_processor)
 from .outputs import model_output
 from .pipeline import NoDenoiserError, denoisers_of
 
@@ -13,6 +14,7 @@ __all__ = [
     "InterceptionPlan",
     "NoDenoiserError",
     "denoisers_of",
+    "disarm",
     "find_attention_modules",
     "is_routed",
     "model_output",

@@ -133,5 +133,18 @@ def routed_processor(
     return clone
 
 
+def disarm(clone: object) -> None:
+    """Make a routed clone (``routed_processor``) call its class's own ``__call__`` again, holding nothing of the
+    plan: at detach, for a clone the caller kept (``saved = model.attn_processors`` while attached, then
+    ``set_attn_processor(saved)`` after), which would otherwise route into a detached plan."""
+    routed_cls = type(clone)
+    if not routed_cls.__dict__.get("_ditgate_routed"):
+        return
+    for name in ("__call__", "_ditgate_rebound", "_ditgate_on_invocation"):
+        if name in routed_cls.__dict__:
+            delattr(routed_cls, name)
+    routed_cls._ditgate_routed = False
+
+
 def is_routed(processor: object) -> bool:
     return bool(getattr(type(processor), "_ditgate_routed", False))
