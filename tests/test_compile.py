@@ -166,14 +166,39 @@ def test_a_measured_plan_calibrates_eagerly_under_a_compiled_wrapper():
     assert all(v.form == "copy" for v in plan.chooser.verdicts.values()) and len(plan.chooser.verdicts) == 4
     assert all(dict(((c.route, c.reason), c.calls) for c in s.routes) == {("host", "calibrating"): 1}
                for s in plan.report().sites)
-    # the forward hook that runs the whole-model check ran inside the wrapper's graph: the check runs at the start
-    # of the next forward, which runs eagerly too; the eager forward is gone after it
-    assert not plan.report().whole_model
-    assert _close(_run(compiled, tiny.inputs), stock)
+    # the wrapper was set aside while calibrating (the model called eagerly from the start): the whole-model check
+    # ran after that forward, and the wrapper's compiled call is back
     assert len(plan.report().whole_model) == 1 and "forward" not in tiny.model.__dict__
+    assert compiled.__dict__["forward"] is not tiny.model.__call__
+    before = graphs.count
+    assert _close(_run(compiled, tiny.inputs), stock)
+    assert graphs.count == before + 1  # one recompile, with the routes
     assert _close(_run(compiled, tiny.inputs), stock)
     assert all(routes == {("copy", "")} for routes in _compiled_routes(plan).values())
     plan.detach()
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "model.compile"])
+def test_a_model_compiled_with_fullgraph_calibrates_and_then_serves_its_routes(how):
+    """Under fullgraph=True a compiled call whose frame is the measuring forward (disabled for dynamo) compiles
+    nothing, which torch refuses ("found no compiled frames"): the second forward of a measured plan raised. The
+    compiled call is set aside while the plan measures."""
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    graphs = Graphs()
+    if how == "torch.compile":
+        compiled = torch.compile(tiny.model, backend=graphs, fullgraph=True)
+    else:
+        tiny.model.compile(backend=graphs, fullgraph=True)
+        compiled = tiny.model
+    _run(compiled, tiny.inputs)
+    plan = _copy_plan(compiled)
+    outs = [_run(compiled, tiny.inputs) for _ in range(3)]
+    assert all(_close(out, stock) for out in outs)
+    assert len(plan.report().whole_model) == 1
+    assert all(routes == {("copy", "")} for routes in _compiled_routes(plan).values())
+    plan.detach()
+    assert _close(_run(compiled, tiny.inputs), stock)
 
 
 def test_a_pipeline_holding_a_compiled_transformer_is_attached_under_it():

@@ -47,6 +47,7 @@ from ..gate.whole_memo import RememberedCheck, check_key
 from ..hosts import (EagerForward, denoisers_of, disarm, find_attention_modules, is_routed, model_output,
                      plan_interception, routed_processor)
 from ..hosts.parallel import parallel_records
+from ..hosts.pipeline import compiled_wrapper
 from ..hosts.regional import make_room
 from ..kernels import triton_key_memo
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
@@ -198,7 +199,8 @@ class Plan:
                 if name in self._measured and not torch.compiler.is_compiling():
                     finish()
 
-            handles += [EagerForward(model, around), model.register_forward_hook(post, with_kwargs=True)]
+            handles += [EagerForward(model, around, compiled_wrapper(self.target, name)),
+                        model.register_forward_hook(post, with_kwargs=True)]
             self._hooks += handles
 
     def _keep_host_output(self, name: str, output: object) -> None:
@@ -307,7 +309,8 @@ class Plan:
             self._read_layouts(name, model, args, kwargs)
             return run()
 
-        eager = [EagerForward(model, functools.partial(around, name=name, model=model))
+        eager = [EagerForward(model, functools.partial(around, name=name, model=model),
+                              compiled_wrapper(self.target, name))
                  for name, model in self.denoisers]
         self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING

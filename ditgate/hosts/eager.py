@@ -35,14 +35,27 @@ def uncompiled(model: torch.nn.Module) -> Iterator[None]:
 
 class EagerForward:
     """Until ``remove()``, ``model``'s forward runs outside any compiled graph, as ``around(args, kwargs, run)``,
-    ``run`` being the forward it replaced. Several may be stacked on one model; each removes only itself."""
+    ``run`` being the forward it replaced. Several may be stacked on one model; each removes only itself.
 
-    def __init__(self, model: torch.nn.Module, around: Around) -> None:
+    Where the model itself is compiled (``model.compile()``, its ``_compiled_call_impl``) or ``wrapper`` (a
+    ``torch.compile(model)`` wrapper the caller holds) wraps it, their compiled calls are set aside too while it is
+    on, so that the model is called eagerly from the start: under ``fullgraph=True`` a compiled call whose frame is
+    this disabled forward compiles nothing, which torch refuses ("found no compiled frames")."""
+
+    def __init__(self, model: torch.nn.Module, around: Around, wrapper: torch.nn.Module | None = None) -> None:
         self.model = model
         self._had = "forward" in model.__dict__
         self._previous = model.__dict__.get("forward")
         self.removed = False
         real = model.forward
+        # the compiled calls set aside while this is on: (holder, attribute, what it held)
+        self._aside: list[tuple[object, str, object]] = []
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            self._aside.append((model, "_compiled_call_impl", model._compiled_call_impl))
+            model._compiled_call_impl = None
+        if wrapper is not None and callable(wrapper.__dict__.get("forward")):
+            self._aside.append((wrapper, "forward", wrapper.__dict__["forward"]))
+            wrapper.__dict__["forward"] = model.__call__  # the wrapper's own call, eagerly
 
         @torch.compiler.disable
         def forward(*args, **kwargs):
@@ -57,6 +70,12 @@ class EagerForward:
 
     def remove(self) -> None:
         self.removed = True
+        for holder, name, held in reversed(self._aside):  # the compiled calls back
+            if name == "forward":
+                holder.__dict__["forward"] = held
+            else:
+                setattr(holder, name, held)
+        self._aside.clear()
         if self.model.__dict__.get("forward") is not self._forward:
             return  # a later one sits on top: it skips this one when it goes
         had, previous = self._had, self._previous

@@ -25,6 +25,13 @@ def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
     return inner if isinstance(inner, torch.nn.Module) and isinstance(model, OptimizedModule) else model
 
 
+def compiled_wrapper(target: object, name: str) -> torch.nn.Module | None:
+    """The ``torch.compile`` wrapper that ``target`` holds for its denoiser ``name`` (``target`` itself for a bare
+    model, its component ``name`` for a pipeline), or None where the model is not held in one."""
+    held = target if isinstance(target, torch.nn.Module) else getattr(target, "components", {}).get(name)
+    return held if isinstance(held, OptimizedModule) else None
+
+
 def denoisers_of(target: object) -> list[tuple[str, torch.nn.Module]]:
     """(component name, model) pairs; a bare model is its own single denoiser with an empty name. A compiled
     model (``torch.compile(model)``, bare or as a pipeline's component) stands for the model it wraps; a model
