@@ -97,11 +97,12 @@ class FakeForm(Form):
     """A form whose behaviour a test chooses: exact SDPA, slowed, perturbed or raising."""
 
     def __init__(self, name: str, precision: Precision = Precision.EXACT, delay_s: float = 0.0,
-                 noise: float = 0.0, raises: bool = False, masks=frozenset({MaskKind.NONE, MaskKind.ADDITIVE})):
+                 noise: float = 0.0, raises: bool = False, masks=frozenset({MaskKind.NONE, MaskKind.ADDITIVE}),
+                 scale: float = 1.0):
         super().__init__()
         self.spec = FormSpec(name=name, precision=precision, description=f"test form {name}",
                              devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}), mask_kinds=masks)
-        self.delay_s, self.noise, self.raises = delay_s, noise, raises
+        self.delay_s, self.noise, self.raises, self.scale = delay_s, noise, raises, scale
         self.calls = 0
 
     def _probe(self) -> Availability:
@@ -113,7 +114,7 @@ class FakeForm(Form):
             raise RuntimeError(f"{self.name} exploded on purpose")
         if self.delay_s:
             time.sleep(self.delay_s)
-        out = sdpa(inputs)
+        out = sdpa(inputs) * self.scale if self.scale != 1.0 else sdpa(inputs)
         if self.noise:
             gen = torch.Generator().manual_seed(self.calls)
             out = out + self.noise * out.std() * torch.randn(out.shape, generator=gen)

@@ -64,6 +64,22 @@ def test_a_wrong_form_is_refused_with_its_cosine():
         assert refusal.kind == "less accurate" and "cosine 0." in refusal.detail and "< 0.9999" in refusal.detail
 
 
+def test_a_form_off_by_a_scale_is_refused_though_its_cosine_is_one():
+    """Cosine is blind to scale: a form returning twice the attention passed every cosine floor (and, at tiny Flux,
+    the whole-model check at cosine 0.9994). The built-in profiles also bound relative L2 (``scale_floor``)."""
+    tiny = Tiny("tiny-wan")
+    twice = FakeForm("twice", scale=2.0)
+    plan = ditgate.attach(tiny.model, profile=LENIENT, forms=["twice"], extra_forms=[twice])
+    tiny.forward()
+    verdicts = list(plan.chooser.verdicts.values())
+    plan.detach()
+    assert verdicts and all(v.form is None for v in verdicts)
+    for v in verdicts:
+        (refusal,) = [r for r in v.refusals if r.form == "twice"]
+        assert refusal.kind == "less accurate" and "rel L2 1.00e+00 > 0.028" in refusal.detail
+        assert "cosine 1.000000" in refusal.detail
+
+
 def test_a_raising_form_is_refused_with_the_error():
     tiny = Tiny("tiny-flux")
     boom = FakeForm("boom", raises=True)

@@ -153,8 +153,8 @@ class _Contest:
         if not acc.finite or acc.cosine < self.p.min_call_cosine:
             self.refuse(e, LESS_ACCURATE, f"cosine {acc.cosine:.6f} < {self.p.min_call_cosine} (rel L2 {acc.rel_l2:.2e})")
             return
-        if self.p.max_call_rel_l2 is not None and acc.rel_l2 > self.p.max_call_rel_l2:
-            self.refuse(e, LESS_ACCURATE, f"rel L2 {acc.rel_l2:.2e} > {self.p.max_call_rel_l2} (cosine {acc.cosine:.6f})")
+        if acc.rel_l2 > self.p.call_rel_l2_floor:
+            self.refuse(e, LESS_ACCURATE, f"rel L2 {acc.rel_l2:.2e} > {self.p.call_rel_l2_floor} (cosine {acc.cosine:.6f})")
             return
         self.accuracy[e.name] = acc
 

@@ -14,6 +14,13 @@ from types import MappingProxyType
 from ..forms import Precision, check_form_names
 
 
+def scale_floor(min_call_cosine: float) -> float:
+    """A per-call relative-L2 floor that a form whose error is only noise passes at the cosine floor with room to
+    spare: twice sqrt(2 (1 - cosine)), the relative L2 of an output at that cosine with the host's norm. Cosine alone
+    is blind to scale: an attention form returning twice the host's output has cosine 1 (and relative L2 1)."""
+    return round(2 * (2 * (1 - min_call_cosine)) ** 0.5, 3)
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -31,7 +38,9 @@ class Profile:
     # None: no screening, every candidate gets paired rounds (``contest``)
     screen_margin: float | None = 1.10
     share_timing: bool = True  # False: each site times its forms itself (the per-site gate, for comparison)
-    max_call_rel_l2: float | None = None  # a per-call floor on relative L2 beside the cosine (linear sites set it)
+    # a per-call floor on relative L2 beside the cosine (a linear site's: its profile's linear floor,
+    # ``gate.linear.LINEAR_FLOORS``); None: ``scale_floor`` of the cosine floor (``call_rel_l2_floor``)
+    max_call_rel_l2: float | None = None
     # a contest's new entrants make their first calls (compiles) side by side in threads before any timing (``warm``)
     warm_ahead: bool = True
     # ...and, before that, their Triton kernels compile all at once from a dry first call (``compile_ahead``; only
@@ -47,6 +56,12 @@ class Profile:
             raise ValueError("rounds must be >= 1")
         if self.screen_margin is not None and self.screen_margin < 1:
             raise ValueError(f"screen_margin must be >= 1 (or None: no screening), got {self.screen_margin}")
+
+    @property
+    def call_rel_l2_floor(self) -> float:
+        """The per-call relative-L2 floor a contest applies: ``max_call_rel_l2``, else ``scale_floor`` of the
+        cosine floor (so that a profile made from another with a looser cosine floor has a looser one too)."""
+        return self.max_call_rel_l2 if self.max_call_rel_l2 is not None else scale_floor(self.min_call_cosine)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -66,6 +81,7 @@ class Profile:
 
 _EXACT = frozenset({Precision.EXACT})
 _ANY = frozenset({Precision.EXACT, Precision.BOUNDED})
+
 
 PROFILES = MappingProxyType(
     {
