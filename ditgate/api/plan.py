@@ -48,6 +48,7 @@ from ..hosts import (EagerForward, denoisers_of, disarm, find_attention_modules,
                      plan_interception, routed_processor)
 from ..hosts.parallel import parallel_records
 from ..hosts.pipeline import compiled_wrapper
+from ..hosts.stateful_hooks import hooks_held
 from ..hosts.regional import make_room
 from ..kernels import triton_key_memo
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
@@ -256,9 +257,10 @@ class Plan:
         if self.context.sparse is not None:
             self.context.sparse.checking = True  # judge sparse routes as they run on sparse steps
         try:
-            check = whole_model_check(name, self._prefix(name), lambda: model_output(model(*args, **kwargs)),
-                                      self.chooser, _device_of(model), self._host_outputs.pop(name, None),
-                                      self.chooser.book.remembered_check(key) if key else None)
+            with hooks_held(model):  # diffusers' cache hooks do not count the check's forwards
+                check = whole_model_check(name, self._prefix(name), lambda: model_output(model(*args, **kwargs)),
+                                          self.chooser, _device_of(model), self._host_outputs.pop(name, None),
+                                          self.chooser.book.remembered_check(key) if key else None)
             if key and check.passed and check.forwards and not check.from_cache:
                 self.chooser.book.remember_check(key, RememberedCheck.of(check, now()))
         finally:
