@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ditgate
-from ditgate.hosts import find_attention_modules
+from ditgate.hosts import find_attention_modules, model_output
 
 from .helpers import TINY, Tiny
 
@@ -110,6 +110,30 @@ def test_processors_saved_while_attached_call_the_hosts_code_after_detach():
     tiny.model.set_attn_processor(saved)
     assert torch.equal(tiny.forward(), stock)
     ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False).detach()
+
+
+def test_an_attached_model_refuses_to_be_copied_and_copies_after_detach():
+    """A deep copy shared the plan's routed processors, forward and hooks with the original: its forward calibrated
+    the original's plan, or returned the original model's output."""
+    import copy
+    import pickle
+
+    from ditgate.hosts.intercept import AttachedCopyError
+
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    plan = ditgate.attach(tiny.model, forms=["sdpa_math"])  # measuring: hooks and an eager forward too
+    with pytest.raises(AttachedCopyError, match="detach the plan"):
+        copy.deepcopy(tiny.model)
+    plan.detach()
+    plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False)
+    with pytest.raises(AttachedCopyError):
+        pickle.dumps(tiny.model)
+    plan.detach()
+    copied = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        assert torch.equal(model_output(copied(**tiny.inputs)), stock)
+    assert pickle.loads(pickle.dumps(tiny.model)) is not None
 
 
 def test_attach_rejects_what_is_not_a_model_or_pipeline():

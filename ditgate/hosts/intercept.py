@@ -87,6 +87,20 @@ def original_entry(processor: object, convention: Convention) -> Callable:
     return F.scaled_dot_product_attention
 
 
+class AttachedCopyError(TypeError):
+    """Copying or pickling a processor (or a model holding one) that routes into an attached plan."""
+
+
+def _refuse_copy(self, *args):
+    """A routed processor's ``__deepcopy__`` / ``__reduce_ex__``: its class holds the plan's routers, which a copy
+    would share with the original (a deep copy of an attached model served the original model's routes, and computed
+    with the original's forward). The error says what to do instead."""
+    raise AttachedCopyError(
+        f"ditgate: {type(self).__name__} routes into an attached plan and cannot be copied or pickled (copy.deepcopy, "
+        "torch.save or pickle of a model with a plan attached); detach the plan (plan.detach()), copy, and attach a "
+        "plan to each model")
+
+
 def _routed_call(self, *args, **kwargs):
     """The routed clone's ``__call__``: a fresh invocation (call index 0), then the host's own code, re-bound."""
     cls = type(self)
@@ -125,7 +139,8 @@ def routed_processor(
     cls = type(processor)
     routed_cls = type(cls.__name__, (cls,), {
         "__call__": call, "__module__": cls.__module__, "_ditgate_routed": True,
-        "_ditgate_rebound": staticmethod(rebound), "_ditgate_on_invocation": staticmethod(on_invocation)})
+        "_ditgate_rebound": staticmethod(rebound), "_ditgate_on_invocation": staticmethod(on_invocation),
+        "__deepcopy__": _refuse_copy, "__reduce_ex__": _refuse_copy})
     clone = object.__new__(routed_cls)
     # one attribute dict for both: what is set on the clone while attached (``enable_parallelism``'s
     # ``_parallel_config``, ``set_attention_backend``'s backend) is the original's after detach too
@@ -140,7 +155,7 @@ def disarm(clone: object) -> None:
     routed_cls = type(clone)
     if not routed_cls.__dict__.get("_ditgate_routed"):
         return
-    for name in ("__call__", "_ditgate_rebound", "_ditgate_on_invocation"):
+    for name in ("__call__", "_ditgate_rebound", "_ditgate_on_invocation", "__deepcopy__", "__reduce_ex__"):
         if name in routed_cls.__dict__:
             delattr(routed_cls, name)
     routed_cls._ditgate_routed = False
