@@ -48,7 +48,7 @@ from ..hosts import (EagerForward, denoisers_of, disarm, find_attention_modules,
                      plan_interception, routed_processor)
 from ..hosts.parallel import parallel_records
 from ..hosts.pipeline import compiled_wrapper
-from ..hosts.stateful_hooks import hooks_held
+from ..hosts.stateful_hooks import stateful_hooks_skipped
 from ..hosts.regional import make_room
 from ..kernels import triton_key_memo
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
@@ -257,7 +257,7 @@ class Plan:
         if self.context.sparse is not None:
             self.context.sparse.checking = True  # judge sparse routes as they run on sparse steps
         try:
-            with hooks_held(model):  # diffusers' cache hooks do not count the check's forwards
+            with stateful_hooks_skipped(model):  # diffusers' cache hooks neither see nor serve the check
                 check = whole_model_check(name, self._prefix(name), lambda: model_output(model(*args, **kwargs)),
                                           self.chooser, _device_of(model), self._host_outputs.pop(name, None),
                                           self.chooser.book.remembered_check(key) if key else None)

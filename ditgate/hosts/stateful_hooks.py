@@ -1,14 +1,18 @@
-"""diffusers' stateful hooks held still while ditgate runs forwards of its own.
+"""diffusers' stateful hooks stepped over while ditgate runs forwards of its own.
 
-Cache hooks (``apply_pyramid_attention_broadcast``, ``apply_first_block_cache``, FasterCache, TaylorSeer ...) sit
-in a module's ``HookRegistry`` (``module._diffusers_hook``) and count the forwards they see, keep the last outputs,
-and decide from both whether the next call computes or reuses. The whole-model check runs extra forwards on the
-calibrating forward's inputs: counted by those hooks, they move the cache's schedule, and the generation that
-calibrates differs from diffusers' own. ``hooks_held`` saves each stateful hook's attributes, and those of the state
-objects it holds (one level down: ``hook.state.iteration``, ``hook.state.cache``), and puts them back after: the
-hooks rebind these attributes rather than change tensors in place, so the saved references are their state.
-A hook whose state lives deeper (a dict of per-context states that its forwards change in place) is not restored;
-the review that found this saw Pyramid Attention Broadcast move, and First Block Cache and TaylorSeer not.
+Cache hooks (Pyramid Attention Broadcast, First Block Cache, FasterCache, TaylorSeer, MagCache ...) sit in a module's
+``HookRegistry`` (``module._diffusers_hook``): they count the forwards they see, keep outputs and Taylor factors, and
+decide from these whether the next call computes or reuses; several need the pipeline's cache context or current
+timestep, set only inside the pipeline's own loop. The whole-model check runs extra forwards on the calibrating
+forward's inputs: through those hooks they moved the cache's schedule (the calibrating generation then differed from
+diffusers' own), failed outside the pipeline's loop (``attach(..., calibrate=fn)`` with a cache on), or reused a
+cached output in place of the blocks the check is there to check.
+
+``stateful_hooks_skipped`` makes every stateful hook of a model (and every hook reading a cache's shared state) a
+pass-through while it is open: its function
+reference (what the registry's chain calls) calls the forward beneath it with no pre- or post-step, so the hook
+neither reads nor changes its state. Stateless hooks (group offloading, layerwise casting) still run: the forward
+needs them. On exit each reference is as it was.
 """
 
 from __future__ import annotations
@@ -19,37 +23,39 @@ from collections.abc import Iterator
 import torch
 
 
-def _stateful_hooks(model: torch.nn.Module) -> list[object]:
-    found = []
-    for module in model.modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        for hook in getattr(registry, "hooks", {}).values():
-            if getattr(hook, "_is_stateful", False):
-                found.append(hook)
-    return found
+def _pass_args(module, *args, **kwargs):
+    return args, kwargs
 
 
-def _plain_object(value: object) -> bool:
-    """An object whose attributes are state to save: not a module, a tensor, a function or a class."""
-    return hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type)) \
-        and not callable(value)
+def _pass_output(module, output):
+    return output
+
+
+def _keeps_state(hook: object) -> bool:
+    """A hook that declares state (``_is_stateful``), or reads a cache's shared state (a ``state_manager``: First Block
+    Cache's hooks after the head block declare none, and still need the pipeline's cache context)."""
+    return bool(getattr(hook, "_is_stateful", False)) or getattr(hook, "state_manager", None) is not None
 
 
 @contextlib.contextmanager
-def hooks_held(model: torch.nn.Module) -> Iterator[int]:
-    """While open, forwards of ``model`` may move its stateful diffusers hooks; on exit their attributes (and their
-    state objects' attributes) are as they were on entry. Yields how many stateful hooks it holds."""
+def stateful_hooks_skipped(model: torch.nn.Module) -> Iterator[int]:
+    """While open, forwards of ``model`` step over its stateful diffusers hooks; yields how many it steps over."""
     saved = []
-    for hook in _stateful_hooks(model):
-        own = dict(vars(hook))
-        inner = {name: (value, dict(vars(value))) for name, value in own.items() if _plain_object(value)}
-        saved.append((hook, own, inner))
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        hooks = getattr(registry, "hooks", None)
+        if not isinstance(hooks, dict):
+            continue
+        for hook in hooks.values():
+            ref = getattr(hook, "fn_ref", None)
+            if ref is None or not _keeps_state(hook):
+                continue
+            saved.append((ref, ref.pre_forward, ref.forward, ref.post_forward))
+            ref.pre_forward, ref.post_forward = _pass_args, _pass_output
+            if getattr(ref, "original_forward", None) is not None:  # a hook with a forward of its own
+                ref.forward = ref.original_forward
     try:
         yield len(saved)
     finally:
-        for hook, own, inner in saved:
-            vars(hook).clear()
-            vars(hook).update(own)
-            for value, attributes in inner.values():
-                vars(value).clear()
-                vars(value).update(attributes)
+        for ref, pre, forward, post in saved:
+            ref.pre_forward, ref.forward, ref.post_forward = pre, forward, post
