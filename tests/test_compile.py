@@ -201,6 +201,40 @@ def test_a_model_compiled_with_fullgraph_calibrates_and_then_serves_its_routes(h
     assert _close(_run(compiled, tiny.inputs), stock)
 
 
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_calibrating_a_compiled_wrapper_with_a_function_gives_its_compiled_forward_back(fullgraph):
+    """``plan.calibrate(fn)`` on a plan that also calibrates live stacks two eager forwards: the first, removed inside
+    ``fn`` by its check, gave the wrapper its compiled forward back while the second was on, and the second then
+    put back the first one's stand-in: the wrapper ran eagerly for good (no graph for a new shape)."""
+    from .helpers import twice
+
+    tiny = Tiny("tiny-wan")
+    graphs = Graphs()
+    wrapper = torch.compile(tiny.model, backend=graphs, fullgraph=fullgraph, dynamic=False)
+    compiled_forward = wrapper.__dict__["forward"]
+    plan = ditgate.attach(wrapper, forms=["sdpa_math"], timing_cache=False, progress=False)
+    plan.calibrate(lambda: [_run(wrapper, tiny.inputs) for _ in range(2)])
+    plan.detach()
+    before = graphs.count
+    _run(wrapper, twice(tiny.inputs))  # a new shape: the wrapper compiles it
+    assert wrapper.__dict__["forward"] is compiled_forward and graphs.count == before + 1
+    assert "_ditgate_set_aside" not in tiny.model.__dict__
+
+
+def test_one_model_in_two_compiled_wrappers_of_a_pipeline_calibrates_through_either():
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    first, second = (torch.compile(tiny.model, backend=Graphs(), fullgraph=True) for _ in range(2))
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+                       transformer=first, transformer_2=second)
+    plan = _copy_plan(pipe)
+    outs = [_run(second, tiny.inputs) for _ in range(3)]  # the second name's wrapper calibrates (fullgraph)
+    assert all(_close(out, stock) for out in outs) and len(plan.report().whole_model) == 1
+    plan.detach()
+
+
 def test_a_pipeline_holding_a_compiled_transformer_is_attached_under_it():
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 

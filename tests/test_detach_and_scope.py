@@ -110,6 +110,9 @@ def test_processors_saved_while_attached_call_the_hosts_code_after_detach():
     tiny.model.set_attn_processor(saved)
     assert torch.equal(tiny.forward(), stock)
     ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False).detach()
+    import pickle
+
+    assert pickle.loads(pickle.dumps(tiny.model)) is not None  # the saved copies are of the original class again
 
 
 def test_an_attached_model_refuses_to_be_copied_and_copies_after_detach():
@@ -125,6 +128,9 @@ def test_an_attached_model_refuses_to_be_copied_and_copies_after_detach():
     plan = ditgate.attach(tiny.model, forms=["sdpa_math"])  # measuring: hooks and an eager forward too
     with pytest.raises(AttachedCopyError, match="detach the plan"):
         copy.deepcopy(tiny.model)
+    processor = tiny.model.blocks[0].attn1.processor  # the processors alone copy (diffusers' ComponentsManager does)
+    for copied in (copy.copy(processor), copy.deepcopy(processor)):
+        assert type(copied) is type(processor).__mro__[1] and copied.__dict__.keys() == processor.__dict__.keys()
     plan.detach()
     plan = ditgate.attach(tiny.model, forms=["sdpa_math"], measure=False)
     with pytest.raises(AttachedCopyError):

@@ -46,8 +46,9 @@ from ..gate.receipt import now
 from ..gate.whole_memo import RememberedCheck, check_key
 from ..hosts import (EagerForward, denoisers_of, disarm, find_attention_modules, is_routed, model_output,
                      plan_interception, routed_processor)
+from ..hosts.intercept import guard_copies
 from ..hosts.parallel import parallel_records
-from ..hosts.pipeline import compiled_wrapper
+from ..hosts.pipeline import compiled_wrappers
 from ..hosts.stateful_hooks import stateful_hooks_skipped
 from ..hosts.regional import make_room
 from ..kernels import triton_key_memo
@@ -130,6 +131,7 @@ class Plan:
                 self._attached.append(_Attached(found.module, proc, routed, router))
         if self._attached:  # regional compilation (compile_repeated_blocks) compiles each routed block apart
             make_room([model for _, model in self.denoisers])
+        self._hooks += [guard_copies(model) for _, model in self.denoisers]
         # masks that hide only padding (HunyuanVideo's): installed before the sparse stage, whose hook reuses them
         padding = self.context.padding = PaddingKeys()
         for name, model in self.denoisers:
@@ -200,7 +202,7 @@ class Plan:
                 if name in self._measured and not torch.compiler.is_compiling():
                     finish()
 
-            handles += [EagerForward(model, around, compiled_wrapper(self.target, name)),
+            handles += [EagerForward(model, around, compiled_wrappers(self.target, model)),
                         model.register_forward_hook(post, with_kwargs=True)]
             self._hooks += handles
 
@@ -312,7 +314,7 @@ class Plan:
             return run()
 
         eager = [EagerForward(model, functools.partial(around, name=name, model=model),
-                              compiled_wrapper(self.target, name))
+                              compiled_wrappers(self.target, model))
                  for name, model in self.denoisers]
         self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING

@@ -154,7 +154,8 @@ class _Contest:
             self.refuse(e, LESS_ACCURATE, f"cosine {acc.cosine:.6f} < {self.p.min_call_cosine} (rel L2 {acc.rel_l2:.2e})")
             return
         if acc.rel_l2 > self.p.call_rel_l2_floor:
-            self.refuse(e, LESS_ACCURATE, f"rel L2 {acc.rel_l2:.2e} > {self.p.call_rel_l2_floor} (cosine {acc.cosine:.6f})")
+            self.refuse(e, LESS_ACCURATE,
+                        f"rel L2 {acc.rel_l2:.2e} > {self.p.call_rel_l2_floor:.3g} (cosine {acc.cosine:.6f})")
             return
         self.accuracy[e.name] = acc
 

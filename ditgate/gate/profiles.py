@@ -18,7 +18,7 @@ def scale_floor(min_call_cosine: float) -> float:
     """A per-call relative-L2 floor that a form whose error is only noise passes at the cosine floor with room to
     spare: twice sqrt(2 (1 - cosine)), the relative L2 of an output at that cosine with the host's norm. Cosine alone
     is blind to scale: an attention form returning twice the host's output has cosine 1 (and relative L2 1)."""
-    return round(2 * (2 * (1 - min_call_cosine)) ** 0.5, 3)
+    return 2 * (2 * (1 - min_call_cosine)) ** 0.5  # unrounded: a cosine floor near 1 would round it to 0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ guard on ``forward`` then fails once and it recompiles with the plan's routes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -33,29 +33,62 @@ def uncompiled(model: torch.nn.Module) -> Iterator[None]:
             m._compiled_call_impl = fn
 
 
+_ASIDE = "_ditgate_set_aside"  # the model's record of what its EagerForwards set aside: {(holder, name): [held, n]}
+
+
+def _held(model: torch.nn.Module) -> dict:
+    return model.__dict__.get(_ASIDE, {})
+
+
+def _set_aside(model: torch.nn.Module, holder: object, name: str, stand_in: object) -> tuple[object, str]:
+    """Put ``stand_in`` in ``holder.name`` (the model's compiled call, a wrapper's compiled forward) and remember what
+    was there, once for every EagerForward on ``model``: one stacked on another counts itself in and never records the
+    first one's stand-in as the original."""
+    record = model.__dict__.setdefault(_ASIDE, {})
+    key = (holder, name)
+    if key in record:
+        record[key][1] += 1
+    else:
+        record[key] = [holder.__dict__[name], 1]
+        holder.__dict__[name] = stand_in
+    return key
+
+
+def _put_back(model: torch.nn.Module, holder: object, name: str) -> None:
+    record = _held(model)
+    entry = record.get((holder, name))
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] == 0:
+        holder.__dict__[name] = entry[0]
+        del record[(holder, name)]
+        if not record:
+            del model.__dict__[_ASIDE]
+
+
 class EagerForward:
     """Until ``remove()``, ``model``'s forward runs outside any compiled graph, as ``around(args, kwargs, run)``,
     ``run`` being the forward it replaced. Several may be stacked on one model; each removes only itself.
 
-    Where the model itself is compiled (``model.compile()``, its ``_compiled_call_impl``) or ``wrapper`` (a
-    ``torch.compile(model)`` wrapper the caller holds) wraps it, their compiled calls are set aside too while it is
+    Where the model itself is compiled (``model.compile()``, its ``_compiled_call_impl``) or ``wrappers`` (the
+    ``torch.compile(model)`` wrappers the caller holds) wrap it, their compiled calls are set aside too while it is
     on, so that the model is called eagerly from the start: under ``fullgraph=True`` a compiled call whose frame is
     this disabled forward compiles nothing, which torch refuses ("found no compiled frames")."""
 
-    def __init__(self, model: torch.nn.Module, around: Around, wrapper: torch.nn.Module | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, around: Around, wrappers: Sequence[torch.nn.Module] = ()) -> None:
         self.model = model
         self._had = "forward" in model.__dict__
         self._previous = model.__dict__.get("forward")
         self.removed = False
         real = model.forward
-        # the compiled calls set aside while this is on: (holder, attribute, what it held)
-        self._aside: list[tuple[object, str, object]] = []
-        if getattr(model, "_compiled_call_impl", None) is not None:
-            self._aside.append((model, "_compiled_call_impl", model._compiled_call_impl))
-            model._compiled_call_impl = None
-        if wrapper is not None and callable(wrapper.__dict__.get("forward")):
-            self._aside.append((wrapper, "forward", wrapper.__dict__["forward"]))
-            wrapper.__dict__["forward"] = model.__call__  # the wrapper's own call, eagerly
+        # the compiled calls this one set aside (or counted itself in, where another had): (holder, attribute)
+        self._aside: list[tuple[object, str]] = []
+        if getattr(model, "_compiled_call_impl", None) is not None or (model, "_compiled_call_impl") in _held(model):
+            self._aside.append(_set_aside(model, model, "_compiled_call_impl", None))
+        for wrapper in wrappers:
+            if callable(wrapper.__dict__.get("forward")) or (wrapper, "forward") in _held(model):
+                self._aside.append(_set_aside(model, wrapper, "forward", model.__call__))  # its call, eagerly
 
         @torch.compiler.disable
         def forward(*args, **kwargs):
@@ -70,11 +103,8 @@ class EagerForward:
 
     def remove(self) -> None:
         self.removed = True
-        for holder, name, held in reversed(self._aside):  # the compiled calls back
-            if name == "forward":
-                holder.__dict__["forward"] = held
-            else:
-                setattr(holder, name, held)
+        for holder, name in reversed(self._aside):  # the compiled calls back, when the last one that set them aside goes
+            _put_back(self.model, holder, name)
         self._aside.clear()
         if self.model.__dict__.get("forward") is not self._forward:
             return  # a later one sits on top: it skips this one when it goes

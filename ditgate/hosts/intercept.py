@@ -10,6 +10,7 @@ Detach puts the original processor object back, so the model is exactly as it wa
 
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import types
@@ -88,17 +89,55 @@ def original_entry(processor: object, convention: Convention) -> Callable:
 
 
 class AttachedCopyError(TypeError):
-    """Copying or pickling a processor (or a model holding one) that routes into an attached plan."""
+    """Copying or pickling a model (or a processor) that routes into an attached plan."""
 
 
-def _refuse_copy(self, *args):
-    """A routed processor's ``__deepcopy__`` / ``__reduce_ex__``: its class holds the plan's routers, which a copy
-    would share with the original (a deep copy of an attached model served the original model's routes, and computed
-    with the original's forward). The error says what to do instead."""
-    raise AttachedCopyError(
-        f"ditgate: {type(self).__name__} routes into an attached plan and cannot be copied or pickled (copy.deepcopy, "
-        "torch.save or pickle of a model with a plan attached); detach the plan (plan.detach()), copy, and attach a "
-        "plan to each model")
+_COPY_ADVICE = ("detach the plan (plan.detach()), copy, and attach a plan to each model: a copy would share the "
+                "plan's routes, forward and hooks with the original")
+
+
+def _refuse_pickle(self, *args):
+    """A routed processor's ``__reduce_ex__``: its class holds the plan's routers, which no pickle can carry."""
+    raise AttachedCopyError(f"ditgate: {type(self).__name__} routes into an attached plan and cannot be pickled "
+                            f"(pickle, torch.save of a model with a plan attached); {_COPY_ADVICE}")
+
+
+def _copy_unrouted(self):
+    """A routed processor's ``__copy__``: a processor of the original class with the same attributes (what diffusers'
+    ``ComponentsManager`` and ``copy.copy`` of the processors want: their settings, not the plan's routes)."""
+    copied = object.__new__(type(self).__mro__[1])
+    copied.__dict__.update(self.__dict__)
+    return copied
+
+
+def _deepcopy_unrouted(self, memo):
+    """A routed processor's ``__deepcopy__``: as ``_copy_unrouted``, its attributes copied deeply. A model with a plan
+    attached refuses a deep copy itself (``guard_copies``), so this serves copies of the processors alone."""
+    copied = object.__new__(type(self).__mro__[1])
+    memo[id(self)] = copied
+    copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+    return copied
+
+
+def _refuse_deepcopy(self, memo=None):
+    raise AttachedCopyError(f"ditgate: {type(self).__name__} has a plan attached and cannot be copied "
+                            f"(copy.deepcopy); {_COPY_ADVICE}")
+
+
+def guard_copies(model: torch.nn.Module) -> types.SimpleNamespace:
+    """Refuse ``copy.deepcopy(model)`` while a plan is attached (its processors, forward and hooks route into the
+    plan: a copy shared them with the original, calibrated the original's plan, or returned the original's output).
+    An instance attribute, bound to this model; returns a handle whose ``remove()`` takes it off."""
+    if "__deepcopy__" in model.__dict__:
+        return types.SimpleNamespace(remove=lambda: None)
+    model.__deepcopy__ = types.MethodType(_refuse_deepcopy, model)
+
+    def remove() -> None:
+        bound = model.__dict__.get("__deepcopy__")
+        if isinstance(bound, types.MethodType) and bound.__func__ is _refuse_deepcopy:
+            del model.__dict__["__deepcopy__"]
+
+    return types.SimpleNamespace(remove=remove)
 
 
 def _routed_call(self, *args, **kwargs):
@@ -140,7 +179,7 @@ def routed_processor(
     routed_cls = type(cls.__name__, (cls,), {
         "__call__": call, "__module__": cls.__module__, "_ditgate_routed": True,
         "_ditgate_rebound": staticmethod(rebound), "_ditgate_on_invocation": staticmethod(on_invocation),
-        "__deepcopy__": _refuse_copy, "__reduce_ex__": _refuse_copy})
+        "__copy__": _copy_unrouted, "__deepcopy__": _deepcopy_unrouted, "__reduce_ex__": _refuse_pickle})
     clone = object.__new__(routed_cls)
     # one attribute dict for both: what is set on the clone while attached (``enable_parallelism``'s
     # ``_parallel_config``, ``set_attention_backend``'s backend) is the original's after detach too
@@ -155,10 +194,12 @@ def disarm(clone: object) -> None:
     routed_cls = type(clone)
     if not routed_cls.__dict__.get("_ditgate_routed"):
         return
-    for name in ("__call__", "_ditgate_rebound", "_ditgate_on_invocation", "__deepcopy__", "__reduce_ex__"):
+    for name in ("__call__", "_ditgate_rebound", "_ditgate_on_invocation", "__copy__", "__deepcopy__",
+                 "__reduce_ex__"):
         if name in routed_cls.__dict__:
             delattr(routed_cls, name)
     routed_cls._ditgate_routed = False
+    clone.__class__ = routed_cls.__mro__[1]  # the original class itself: a model holding it pickles again
 
 
 def is_routed(processor: object) -> bool:

@@ -25,11 +25,11 @@ def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
     return inner if isinstance(inner, torch.nn.Module) and isinstance(model, OptimizedModule) else model
 
 
-def compiled_wrapper(target: object, name: str) -> torch.nn.Module | None:
-    """The ``torch.compile`` wrapper that ``target`` holds for its denoiser ``name`` (``target`` itself for a bare
-    model, its component ``name`` for a pipeline), or None where the model is not held in one."""
-    held = target if isinstance(target, torch.nn.Module) else getattr(target, "components", {}).get(name)
-    return held if isinstance(held, OptimizedModule) else None
+def compiled_wrappers(target: object, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The ``torch.compile`` wrappers of ``model`` that ``target`` holds: ``target`` itself for a bare wrapper, each
+    component of a pipeline that wraps it (one model may be a pipeline's component under two names)."""
+    held = [target] if isinstance(target, torch.nn.Module) else list(getattr(target, "components", {}).values())
+    return [w for w in held if isinstance(w, OptimizedModule) and unwrap_compiled(w) is model]
 
 
 def denoisers_of(target: object) -> list[tuple[str, torch.nn.Module]]:

@@ -5,9 +5,9 @@ reuse that graph. An attached block's attention calls go through its own sites' 
 on, so each instance compiles a graph of its own. Dynamo keeps at most ``recompile_limit`` graphs per code object
 (8 by default): the ninth block of a 30-block Wan would run eagerly with a warning, or raise
 ``FailOnRecompileLimitHit`` under ``fullgraph=True`` (the setting diffusers' docs recommend). Attach raises the limit to
-twice the largest count of one repeated block class plus a margin (room for every block to recompile once when a
-verdict changes), or, where an earlier plan raised it already, by one graph per block more (that plan's graphs stay
-cached), and detach leaves it raised: the graphs compiled while attached stay in dynamo's cache and count against
+the graphs dynamo already caches for the blocks' code (an earlier plan's stay cached after its detach) plus twice the
+largest count of one repeated block class plus a margin (room for every block to compile twice: a verdict that
+changes, a second shape), and detach leaves it raised: the graphs compiled while attached stay in dynamo's cache and count against
 it, so putting it back would make the detached blocks' own recompiles fail. The limit is only ever raised.
 Regional compilation of an attached model therefore compiles every block apart: its compile time is that of the
 whole model's, not of one block's.
@@ -35,6 +35,21 @@ def repeated_block_counts(models: list[torch.nn.Module]) -> Counter:
     return counts
 
 
+def _cached_graphs(models: list[torch.nn.Module], names: set[str], limit: int) -> int:
+    """The most graphs dynamo caches for the ``forward`` code of one of these block classes (what
+    ``compile_repeated_blocks`` compiles). Where torch does not say (``_debug_get_cache_entry_list`` is a debugging
+    API), as many as the limit allows already, so that the room is added on top of it."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return limit
+    codes = {type(m).forward.__code__ for model in models for m in model.modules() if type(m).__name__ in names}
+    try:
+        return max((len(_debug_get_cache_entry_list(code)) for code in codes), default=0)
+    except Exception:  # its signature changed
+        return limit
+
+
 def make_room(models: list[torch.nn.Module]) -> tuple[int, int] | None:
     """Raise dynamo's recompile limits so that every repeated block of ``models`` may keep two graphs; the limits
     set, or None where they were high enough (or no model names repeated blocks)."""
@@ -44,11 +59,10 @@ def make_room(models: list[torch.nn.Module]) -> tuple[int, int] | None:
     config = torch._dynamo.config
     before = (config.recompile_limit, config.accumulated_recompile_limit)
     blocks = max(counts.values())
-    needed = 2 * blocks + _MARGIN
-    # a limit an earlier plan raised already holds that plan's graphs, which stay in dynamo's cache after its
-    # detach: one graph more per block for this plan's routes (the blocks' code is shared by every plan and model)
-    limit = before[0] + blocks if before[0] >= needed else needed
-    set_to = (limit, max(before[1], limit * len(counts)))
+    # the graphs dynamo holds already for these blocks' code (an earlier plan's stay cached after its detach, and
+    # count against the limit), and room for each block to compile twice more
+    limit = _cached_graphs(models, set(counts), before[0]) + 2 * blocks + _MARGIN
+    set_to = (max(before[0], limit), max(before[1], limit * len(counts)))
     if set_to == before:
         return None
     config.recompile_limit, config.accumulated_recompile_limit = set_to
