@@ -409,8 +409,9 @@ def test_a_form_its_cached_timing_refuses_is_never_probed_in_the_next_process(tm
     second = ditgate.attach(tiny.model, profile=tenth, forms=["good", "slow"], extra_forms=again, timing_cache=cache)
     tiny.forward()
     assert again[0].probes == 1 and again[1].probes == 0 and again[1].calls == 0  # refused from its cached timing
-    for v in second.chooser.verdicts.values():
-        assert v.form == "good" and any(r.form == "slow" and r.kind == "slower" for r in v.refusals), v.refusals
+    for v in second.chooser.verdicts.values():  # below the bar, or more than the margin below "good" timed first
+        assert v.form == "good" and any(r.form == "slow" and r.kind in ("slower", "outranked") for r in v.refusals), \
+            [r for r in v.refusals if r.form == "slow"]
     second.detach()
 
 
