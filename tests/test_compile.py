@@ -5,6 +5,7 @@ a CPU costs tens of seconds per model); one compiles with inductor.
 """
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -233,6 +234,32 @@ def test_one_model_in_two_compiled_wrappers_of_a_pipeline_calibrates_through_eit
     outs = [_run(second, tiny.inputs) for _ in range(3)]  # the second name's wrapper calibrates (fullgraph)
     assert all(_close(out, stock) for out in outs) and len(plan.report().whole_model) == 1
     plan.detach()
+
+
+def test_calibrating_with_a_function_on_a_plan_that_calibrates_live_checks_the_model_once():
+    tiny = Tiny("tiny-wan")
+    plan = _copy_plan(tiny.model)
+    plan.calibrate(lambda: [tiny.forward() for _ in range(2)])  # the first forward calibrates live and checks
+    checks = plan.report().whole_model
+    plan.detach()
+    assert len(checks) == 1
+
+
+def test_an_eager_forward_a_later_hook_kept_is_a_pass_through_a_fullgraph_compile_traces():
+    """A forward replaced after attach (a diffusers hook on the model itself: a cache enabled after attach) keeps the
+    plan's eager forward beneath it, and puts it back when it goes, after detach: it was disabled for dynamo, so the
+    model no longer compiled under fullgraph=True ("found no compiled frames")."""
+    tiny = Tiny("tiny-wan")
+    stock = tiny.forward()
+    plan = _copy_plan(tiny.model)
+    kept = tiny.model.forward  # the plan's eager forward, as a hook registered now would keep it
+    tiny.model.forward = functools.partial(lambda inner, *a, **k: inner(*a, **k), kept)
+    tiny.forward()  # calibrates through the wrapper
+    plan.detach()
+    tiny.model.forward = kept  # the hook goes and puts back what it kept
+    graphs = Graphs()
+    tiny.model.compile(backend=graphs, fullgraph=True)
+    assert _close(_run(tiny.model, tiny.inputs), stock) and graphs.count == 1
 
 
 def test_a_pipeline_holding_a_compiled_transformer_is_attached_under_it():

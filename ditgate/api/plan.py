@@ -318,6 +318,7 @@ class Plan:
                  for name, model in self.denoisers]
         self._start_progress(", ".join(n or "model" for n, _ in self.denoisers), self._site_count(None))
         self.chooser.mode = CALIBRATING
+        checked_before = set(self._calibrated)
         try:
             try:
                 fn()
@@ -327,7 +328,9 @@ class Plan:
                 for h in capture_handles:
                     h.remove()
             for name, model in self.denoisers:
-                if name in self._captured:
+                if self._detached or name in self._calibrated - checked_before:
+                    self._captured.pop(name, None)  # detached inside fn, or checked inside it (live calibration)
+                elif name in self._captured:
                     self._finish_calibration(name, model)
                 else:
                     logger.warning("ditgate: the calibration callable never ran %s", name or "the model")

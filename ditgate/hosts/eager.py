@@ -40,7 +40,12 @@ def _held(model: torch.nn.Module) -> dict:
     return model.__dict__.get(_ASIDE, {})
 
 
-def _set_aside(model: torch.nn.Module, holder: object, name: str, stand_in: object) -> tuple[object, str]:
+def _same(held: object, stand_in: object) -> bool:
+    """Whether ``held`` is still the stand-in (a bound method is made anew at each access: compared by equality)."""
+    return held is stand_in or (stand_in is not None and held == stand_in)
+
+
+def _set_aside(model: torch.nn.Module, holder: object, name: str, stand_in: object) -> tuple[object, str, object]:
     """Put ``stand_in`` in ``holder.name`` (the model's compiled call, a wrapper's compiled forward) and remember what
     was there, once for every EagerForward on ``model``: one stacked on another counts itself in and never records the
     first one's stand-in as the original."""
@@ -51,17 +56,20 @@ def _set_aside(model: torch.nn.Module, holder: object, name: str, stand_in: obje
     else:
         record[key] = [holder.__dict__[name], 1]
         holder.__dict__[name] = stand_in
-    return key
+    return holder, name, stand_in
 
 
-def _put_back(model: torch.nn.Module, holder: object, name: str) -> None:
+def _put_back(model: torch.nn.Module, holder: object, name: str, stand_in: object) -> None:
+    """``holder.name`` back as it was when the last EagerForward on ``model`` that set it aside goes, unless something
+    replaced the stand-in meanwhile (a wrapper's forward the caller set while the plan measured: theirs is kept)."""
     record = _held(model)
     entry = record.get((holder, name))
     if entry is None:
         return
     entry[1] -= 1
     if entry[1] == 0:
-        holder.__dict__[name] = entry[0]
+        if _same(holder.__dict__.get(name), stand_in):
+            holder.__dict__[name] = entry[0]
         del record[(holder, name)]
         if not record:
             del model.__dict__[_ASIDE]
@@ -82,8 +90,8 @@ class EagerForward:
         self._previous = model.__dict__.get("forward")
         self.removed = False
         real = model.forward
-        # the compiled calls this one set aside (or counted itself in, where another had): (holder, attribute)
-        self._aside: list[tuple[object, str]] = []
+        # the compiled calls this one set aside (or counted itself in, where another had): (holder, name, stand-in)
+        self._aside: list[tuple[object, str, object]] = []
         if getattr(model, "_compiled_call_impl", None) is not None or (model, "_compiled_call_impl") in _held(model):
             self._aside.append(_set_aside(model, model, "_compiled_call_impl", None))
         for wrapper in wrappers:
@@ -91,11 +99,16 @@ class EagerForward:
                 self._aside.append(_set_aside(model, wrapper, "forward", model.__call__))  # its call, eagerly
 
         @torch.compiler.disable
-        def forward(*args, **kwargs):
-            if self.removed:  # removed beneath a later one: pass through
-                return real(*args, **kwargs)
+        def measuring(args, kwargs):
             with uncompiled(model):
                 return around(args, kwargs, lambda: real(*args, **kwargs))
+
+        def forward(*args, **kwargs):
+            # removed beneath a later one, or left in a hook chain that outlives it (a diffusers hook registered after
+            # attach puts this forward back when it goes): a plain pass-through, which dynamo traces
+            if self.removed:
+                return real(*args, **kwargs)
+            return measuring(args, kwargs)  # outside any graph
 
         forward._ditgate_eager = self
         self._forward = forward
@@ -103,8 +116,8 @@ class EagerForward:
 
     def remove(self) -> None:
         self.removed = True
-        for holder, name in reversed(self._aside):  # the compiled calls back, when the last one that set them aside goes
-            _put_back(self.model, holder, name)
+        for holder, name, stand_in in reversed(self._aside):  # the compiled calls back, as the last one goes
+            _put_back(self.model, holder, name, stand_in)
         self._aside.clear()
         if self.model.__dict__.get("forward") is not self._forward:
             return  # a later one sits on top: it skips this one when it goes

@@ -58,4 +58,5 @@ def stateful_hooks_skipped(model: torch.nn.Module) -> Iterator[int]:
         yield len(saved)
     finally:
         for ref, pre, forward, post in saved:
-            ref.pre_forward, ref.forward, ref.post_forward = pre, forward, post
+            if ref.pre_forward is _pass_args:  # not where a hook removed meanwhile left it (it would come back)
+                ref.pre_forward, ref.forward, ref.post_forward = pre, forward, post
