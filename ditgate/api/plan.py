@@ -49,8 +49,8 @@ from ..hosts import (EagerForward, denoisers_of, disarm, find_attention_modules,
 from ..hosts.intercept import guard_copies
 from ..hosts.parallel import parallel_records
 from ..hosts.pipeline import compiled_wrappers
-from ..hosts.stateful_hooks import stateful_hooks_skipped
 from ..hosts.regional import make_room
+from ..hosts.stateful_hooks import stateful_hooks_skipped
 from ..kernels import triton_key_memo
 from ..router import ModuleRouter, RouteEvent, RouterContext, StaticChooser, make_observer
 from ..router.linear import StaticLinearChooser

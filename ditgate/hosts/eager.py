@@ -36,7 +36,7 @@ def uncompiled(model: torch.nn.Module) -> Iterator[None]:
 _ASIDE = "_ditgate_set_aside"  # the model's record of what its EagerForwards set aside: {(holder, name): [held, n]}
 
 
-def _held(model: torch.nn.Module) -> dict:
+def _aside_record(model: torch.nn.Module) -> dict:
     return model.__dict__.get(_ASIDE, {})
 
 
@@ -62,7 +62,7 @@ def _set_aside(model: torch.nn.Module, holder: object, name: str, stand_in: obje
 def _put_back(model: torch.nn.Module, holder: object, name: str, stand_in: object) -> None:
     """``holder.name`` back as it was when the last EagerForward on ``model`` that set it aside goes, unless something
     replaced the stand-in meanwhile (a wrapper's forward the caller set while the plan measured: theirs is kept)."""
-    record = _held(model)
+    record = _aside_record(model)
     entry = record.get((holder, name))
     if entry is None:
         return
@@ -92,10 +92,10 @@ class EagerForward:
         real = model.forward
         # the compiled calls this one set aside (or counted itself in, where another had): (holder, name, stand-in)
         self._aside: list[tuple[object, str, object]] = []
-        if getattr(model, "_compiled_call_impl", None) is not None or (model, "_compiled_call_impl") in _held(model):
+        if getattr(model, "_compiled_call_impl", None) is not None or (model, "_compiled_call_impl") in _aside_record(model):
             self._aside.append(_set_aside(model, model, "_compiled_call_impl", None))
         for wrapper in wrappers:
-            if callable(wrapper.__dict__.get("forward")) or (wrapper, "forward") in _held(model):
+            if callable(wrapper.__dict__.get("forward")) or (wrapper, "forward") in _aside_record(model):
                 self._aside.append(_set_aside(model, wrapper, "forward", model.__call__))  # its call, eagerly
 
         @torch.compiler.disable

@@ -11,11 +11,11 @@ directly (``model.blocks[0].half()``) is not guarded; it still stops at its firs
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 
 import torch
 
+from .instance_method import bind_on
 from .linear_weights import HeldWeight, HeldWeightError
 
 
@@ -41,16 +41,7 @@ def _guarded_apply(self: torch.nn.Module, fn, recurse: bool = True):
 def guard_casts(model: torch.nn.Module) -> Callable[[], None]:
     """Run every cast or move of ``model`` on its held stand-ins first (``_guarded_apply``); returns the way to take
     the guard off. A model that already has an ``_apply`` of its own on the instance is left as it is."""
-    if "_apply" in model.__dict__:
-        return lambda: None
-    model._apply = types.MethodType(_guarded_apply, model)
-
-    def remove() -> None:
-        bound = model.__dict__.get("_apply")
-        if isinstance(bound, types.MethodType) and bound.__func__ is _guarded_apply:
-            del model.__dict__["_apply"]
-
-    return remove
+    return bind_on(model, "_apply", _guarded_apply)
 
 
 def _dtype_asked(args: tuple, kwargs: dict) -> torch.dtype | None:
@@ -80,17 +71,9 @@ def guard_pipeline_casts(pipeline: object) -> Callable[[], None]:
     """Refuse a cast of ``pipeline`` (one with ``components`` and ``to``, a diffusers pipeline) to another dtype than
     its held weights' before any component changes; the way to take the guard off. A pipeline with a ``to`` of its own
     on the instance is left as it is."""
-    if not callable(getattr(pipeline, "to", None)) or not isinstance(getattr(pipeline, "components", None), dict) \
-            or "to" in vars(pipeline):
+    if not callable(getattr(pipeline, "to", None)) or not isinstance(getattr(pipeline, "components", None), dict):
         return lambda: None
-    pipeline.to = types.MethodType(_guarded_pipeline_to, pipeline)
-
-    def remove() -> None:
-        bound = vars(pipeline).get("to")
-        if isinstance(bound, types.MethodType) and bound.__func__ is _guarded_pipeline_to:
-            del vars(pipeline)["to"]
-
-    return remove
+    return bind_on(pipeline, "to", _guarded_pipeline_to)
 
 
 def _refuse_held_loads(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .instance_method import bind_on
+
 
 class Convention(str, enum.Enum):
     """How the host calls attention: diffusers' dispatcher (B, S, H, D) or torch SDPA (B, H, S, D)."""
@@ -128,16 +130,7 @@ def guard_copies(model: torch.nn.Module) -> types.SimpleNamespace:
     """Refuse ``copy.deepcopy(model)`` while a plan is attached (its processors, forward and hooks route into the
     plan: a copy shared them with the original, calibrated the original's plan, or returned the original's output).
     An instance attribute, bound to this model; returns a handle whose ``remove()`` takes it off."""
-    if "__deepcopy__" in model.__dict__:
-        return types.SimpleNamespace(remove=lambda: None)
-    model.__deepcopy__ = types.MethodType(_refuse_deepcopy, model)
-
-    def remove() -> None:
-        bound = model.__dict__.get("__deepcopy__")
-        if isinstance(bound, types.MethodType) and bound.__func__ is _refuse_deepcopy:
-            del model.__dict__["__deepcopy__"]
-
-    return types.SimpleNamespace(remove=remove)
+    return types.SimpleNamespace(remove=bind_on(model, "__deepcopy__", _refuse_deepcopy))
 
 
 def _routed_call(self, *args, **kwargs):
